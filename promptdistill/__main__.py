@@ -1,0 +1,5 @@
+import sys
+
+from promptdistill.cli import main
+
+sys.exit(main())

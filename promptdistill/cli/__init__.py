@@ -1,0 +1,59 @@
+"""The ``promptdistill`` command line: a thin layer over the library.
+
+Each concept registers its own subcommands from a module in this package
+(``register(subparsers)``), so commands can be added without touching this file's
+logic. Errors from the library are printed as ``TypeName: message`` with exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from promptdistill.errors import PromptDistillError
+
+__all__ = ["main"]
+
+# Modules under promptdistill/cli/ that add subcommands, in help order.
+COMMAND_MODULES = ("generate", "spec", "features", "ttft", "distill", "optimize", "templates", "nightly")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="promptdistill",
+        description="Batch prompt optimization on a local vLLM engine.",
+    )
+    parser.add_argument("--config", help="config file (default: $PROMPTDISTILL_CONFIG or ./promptdistill.toml)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"promptdistill.cli.{name}")
+        except ModuleNotFoundError as e:
+            # A command module that is not written yet; any other missing module is a real error.
+            if e.name == f"promptdistill.cli.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except PromptDistillError as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Server backend: one or more OpenAI-compatible vLLM servers, streamed and concurrent.
+
+TTFT here is measured at the client: from just before the HTTP request is sent to the
+arrival of the first streamed chunk that carries content (the first token's text), so it
+includes the network and the server's HTTP handling, as a production service sees it.
+End-to-end is until the stream's last chunk.
+
+Structured output goes through ``response_format`` (json_schema) or vLLM's
+``structured_outputs`` body field (choices). Never the removed ``guided_*`` keys: a
+server ignores them silently and returns unconstrained text. Every reply is validated.
+
+Requests are spread round-robin across the configured endpoints, with at most
+``max_concurrency`` in flight per endpoint; transient failures (connection errors,
+HTTP 5xx) are retried with exponential back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+import httpx
+
+from promptdistill.config import EngineConfig
+from promptdistill.engine.base import (
+    Engine,
+    EngineIdentity,
+    GenerationRequest,
+    GenerationResult,
+    Message,
+    hardware_fingerprint,
+    validate_reply,
+)
+from promptdistill.errors import EngineError, EngineTimeoutError, EngineUnavailableError, PromptTooLongError
+
+__all__ = ["ServerEngine", "request_body"]
+
+_RETRIES = 2
+_BACKOFF_S = 0.5
+
+
+def request_body(req: GenerationRequest, model: str, *, stream: bool = True) -> tuple[str, dict[str, Any]]:
+    """The OpenAI-compatible path and JSON body for a request."""
+    body: dict[str, Any] = {
+        "model": model,
+        "temperature": req.temperature,
+        "max_tokens": req.max_tokens,
+        "stream": stream,
+    }
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if req.stop:
+        body["stop"] = list(req.stop)
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if req.json_schema is not None:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "reply", "schema": req.schema, "strict": True},
+        }
+    elif req.choices is not None:
+        body["structured_outputs"] = {"choice": list(req.choices)}
+    if req.messages is not None:
+        body["messages"] = req.chat()
+        return "/chat/completions", body
+    body["prompt"] = req.prompt
+    return "/completions", body
+
+
+class ServerEngine(Engine):
+    """Talks to vLLM's OpenAI-compatible server(s) listed in ``config.server_urls``."""
+
+    def __init__(self, config: EngineConfig, *, check: bool = True):
+        self.config = config
+        self.urls = [u.rstrip("/") for u in config.server_urls]
+        self.model = config.served_model_name
+        self._next_url = itertools.cycle(range(len(self.urls)))
+        self._server_version = "unknown"
+        if check:
+            self._check_ready()
+        self.identity = EngineIdentity(
+            model=self.model,
+            backend="vllm-server",
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            hardware=hardware_fingerprint() if _is_loopback(self.urls[0]) else "remote",
+            engine_version=f"vllm {self._server_version}",
+        )
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _root(self, url: str) -> str:
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    def _check_ready(self) -> None:
+        for url in self.urls:
+            try:
+                r = httpx.get(f"{url}/models", timeout=10)
+                r.raise_for_status()
+            except httpx.HTTPError as e:
+                raise EngineUnavailableError(
+                    f"engine.server_urls: no OpenAI-compatible server answers at {url} ({e}); "
+                    "start one with `promptdistill serve` or check the URL"
+                ) from None
+            names = [m.get("id") for m in r.json().get("data", [])]
+            if self.model not in names:
+                raise EngineUnavailableError(
+                    f"engine.served_model_name: the server at {url} serves {names}, not {self.model!r}"
+                )
+            try:
+                self._server_version = httpx.get(f"{self._root(url)}/version", timeout=5).json().get("version", "unknown")
+            except (httpx.HTTPError, ValueError):
+                pass
+
+    def _post(self, path: str, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+        url = url or self.urls[0]
+        try:
+            r = httpx.post(f"{self._root(url)}{path}", json=body, timeout=self.config.timeout_s)
+        except httpx.HTTPError as e:
+            raise EngineUnavailableError(f"{url}: {path} failed: {e}") from None
+        if r.status_code >= 400:
+            raise EngineError(f"{url}: {path} answered HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    # -- tokenization (the server's own tokenizer and chat template) --------------------
+    def tokenize(self, text: str) -> list[int]:
+        out = self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
+        return list(out["tokens"])
+
+    def apply_chat_template(self, messages: Sequence[Message]) -> str:
+        out = self._post(
+            "/tokenize",
+            {"model": self.model, "messages": [dict(m) for m in messages], "add_generation_prompt": True},
+        )
+        return self._post("/detokenize", {"model": self.model, "tokens": out["tokens"]})["prompt"]
+
+    def count_tokens(self, messages: Sequence[Message] | str) -> int:
+        if isinstance(messages, str):
+            return len(self.tokenize(messages))
+        out = self._post(
+            "/tokenize",
+            {"model": self.model, "messages": [dict(m) for m in messages], "add_generation_prompt": True},
+        )
+        return int(out["count"])
+
+    def reset_prefix_cache(self) -> bool:
+        """Needs the server started with VLLM_SERVER_DEV_MODE=1 (``promptdistill serve`` does)."""
+        ok = True
+        for url in self.urls:
+            try:
+                r = httpx.post(f"{self._root(url)}/reset_prefix_cache", timeout=30)
+                ok = ok and r.status_code < 400
+            except httpx.HTTPError:
+                ok = False
+        return ok
+
+    # -- generation ---------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
+        """Send every request concurrently (bounded per endpoint); results in input order."""
+        if not requests:
+            return []
+        return asyncio.run(self._generate_all(list(requests), progress))
+
+    async def _generate_all(self, requests: list[GenerationRequest], progress: bool) -> list[GenerationResult]:
+        limits = [asyncio.Semaphore(self.config.max_concurrency) for _ in self.urls]
+        done = 0
+        timeout = httpx.Timeout(self.config.timeout_s, connect=10.0)
+        async with httpx.AsyncClient(timeout=timeout) as client:
+
+            async def one(req: GenerationRequest) -> GenerationResult:
+                nonlocal done
+                i = next(self._next_url)
+                async with limits[i]:
+                    result = await self._with_retries(client, self.urls[i], req)
+                done += 1
+                if progress:
+                    print(f"\r  generated {done}/{len(requests)}", end="", file=sys.stderr)
+                return result
+
+            results = await asyncio.gather(*(one(r) for r in requests))
+        if progress:
+            print(file=sys.stderr)
+        return list(results)
+
+    async def _with_retries(self, client: httpx.AsyncClient, url: str, req: GenerationRequest) -> GenerationResult:
+        for attempt in range(_RETRIES + 1):
+            try:
+                return await asyncio.wait_for(
+                    self._stream_one(client, url, req), timeout=req.timeout_s or self.config.timeout_s
+                )
+            except asyncio.TimeoutError:
+                raise EngineTimeoutError(
+                    f"{url}: request did not finish within {req.timeout_s or self.config.timeout_s:.0f} s"
+                ) from None
+            except (httpx.TransportError, _Retryable) as e:
+                if attempt == _RETRIES:
+                    raise EngineUnavailableError(f"{url}: failed after {_RETRIES + 1} attempts: {e}") from None
+                await asyncio.sleep(_BACKOFF_S * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def _stream_one(self, client: httpx.AsyncClient, url: str, req: GenerationRequest) -> GenerationResult:
+        path, body = request_body(req, self.model)
+        chat = req.messages is not None
+        text_parts: list[str] = []
+        usage: dict[str, Any] = {}
+        finish_reason = None
+        first_token_s = None
+        start = time.perf_counter()
+        async with client.stream("POST", f"{url}{path}", json=body) as r:
+            if r.status_code >= 500:
+                raise _Retryable(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+            if r.status_code >= 400:
+                detail = (await r.aread()).decode(errors="replace")[:500]
+                if "maximum context length" in detail or "max_model_len" in detail or "too long" in detail:
+                    raise PromptTooLongError(f"{url}: {detail}")
+                raise EngineError(f"{url}{path} answered HTTP {r.status_code}: {detail}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices", []):
+                    piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    if piece:
+                        if first_token_s is None:
+                            first_token_s = time.perf_counter()
+                        text_parts.append(piece)
+                    finish_reason = choice.get("finish_reason") or finish_reason
+        end = time.perf_counter()
+        first_token_s = first_token_s or end
+        details = usage.get("prompt_tokens_details") or {}
+        result = GenerationResult(
+            text="".join(text_parts),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            finish_reason=finish_reason,
+            ttft_ms=(first_token_s - start) * 1000.0,
+            e2e_ms=(end - start) * 1000.0,
+            extra={"endpoint": url},
+        )
+        if req.json_schema is not None:
+            result.parsed, result.error = validate_reply(result.text, req.schema)
+            result.valid = result.error is None
+        elif req.choices is not None:
+            result.valid = result.text in req.choices
+            if not result.valid:
+                result.error = f"reply {result.text!r} is not one of the choices"
+        return result
+
+
+class _Retryable(Exception):
+    """A server error worth another try (HTTP 5xx)."""
+
+
+def _is_loopback(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("localhost", "::1") or host.startswith("127.")
