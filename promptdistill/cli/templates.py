@@ -1,0 +1,221 @@
+"""``promptdistill templates ...``: inspect and move published templates.
+
+    promptdistill templates list
+    promptdistill templates show summarize@production [--json]
+    promptdistill templates diff summarize:2 summarize:3      (B may be just "3" or "@staging")
+    promptdistill templates promote summarize 3 --label production [--reason "won nightly"]
+    promptdistill templates rollback summarize --label production
+    promptdistill templates history summarize [--label production]
+    promptdistill templates publish summarize content.json [--label candidate] [--parent 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+from typing import Any, Iterable
+
+from promptdistill.errors import RegistryError
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", help="registry folder or fsspec URL (default: the configured [paths] registry)")
+    parser = subparsers.add_parser("templates", help="list, show, diff, promote and roll back published templates")
+    sub = parser.add_subparsers(dest="templates_command", metavar="ACTION", required=True)
+
+    p = sub.add_parser("list", parents=[common], help="templates with their versions and labels")
+    p.set_defaults(func=_list)
+
+    p = sub.add_parser("show", parents=[common], help="one version: text, schema, metrics, provenance")
+    p.add_argument("ref", help="NAME@LABEL, NAME:VERSION or NAME (production)")
+    p.add_argument("--json", action="store_true", help="print the stored record as JSON")
+    p.set_defaults(func=_show)
+
+    p = sub.add_parser("diff", parents=[common], help="text and metrics of two versions side by side")
+    p.add_argument("a", help="NAME@LABEL or NAME:VERSION")
+    p.add_argument("b", help="NAME@LABEL, NAME:VERSION, or VERSION / @LABEL of the same name")
+    p.set_defaults(func=_diff)
+
+    p = sub.add_parser("promote", parents=[common], help="point a label at a version")
+    p.add_argument("name")
+    p.add_argument("version", type=int)
+    p.add_argument("--label", required=True, help="production, staging, candidate, ...")
+    p.add_argument("--reason", default="", help="recorded in the label history")
+    p.add_argument("--actor", help="recorded in the label history (default: user@host)")
+    p.set_defaults(func=_promote)
+
+    p = sub.add_parser("rollback", parents=[common], help="move a label back to its previous version")
+    p.add_argument("name")
+    p.add_argument("--label", required=True)
+    p.add_argument("--reason", default="")
+    p.add_argument("--actor")
+    p.set_defaults(func=_rollback)
+
+    p = sub.add_parser("history", parents=[common], help="label moves: who, when, from which version to which")
+    p.add_argument("name")
+    p.add_argument("--label")
+    p.set_defaults(func=_history)
+
+    p = sub.add_parser("publish", parents=[common], help="publish template content from a JSON file")
+    p.add_argument("name")
+    p.add_argument("content", help="JSON file with the template content")
+    p.add_argument("--label", action="append", default=[], help="labels to set (repeatable)")
+    p.add_argument("--parent", type=int)
+    p.add_argument("--metrics", help="JSON file with metrics")
+    p.add_argument("--actor")
+    p.set_defaults(func=_publish)
+
+
+def _registry(args: argparse.Namespace):
+    from promptdistill.registry import Registry
+
+    root = args.root
+    if root is None:
+        from promptdistill.config import load_settings
+
+        root = load_settings(getattr(args, "config", None)).registry
+    return Registry(root)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    return "\n".join(lines)
+
+
+def _labels_text(labels: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
+def _list(args: argparse.Namespace) -> int:
+    reg = _registry(args)
+    rows = []
+    for name in reg.names():
+        versions = reg.versions(name)
+        rows.append([name, str(len(versions)), str(versions[-1]), _labels_text(reg.labels(name))])
+    if not rows:
+        print(f"no templates in {reg.root}")
+        return 0
+    print(_table(rows, ["NAME", "VERSIONS", "LATEST", "LABELS"]))
+    return 0
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k in sorted(value):
+            out.update(_flatten(value[k], f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: value}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if value is None:
+        return "-"
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def _text(record) -> list[str]:
+    """The parts of a version a reviewer compares, as lines."""
+    c = record.content
+    lines = ["[system]", *c["system"].splitlines(), "", "[user]", *c["user"].splitlines(), ""]
+    lines += ["[inputs] " + ", ".join(c["inputs"]), f"[response_format] {c.get('response_format')}",
+              f"[max_tokens] {c.get('max_tokens')}", f"[sampling] {json.dumps(c.get('sampling') or {}, sort_keys=True)}"]
+    if c.get("output_schema") is not None:
+        lines += ["[output_schema]", *json.dumps(c["output_schema"], indent=2, sort_keys=True).splitlines()]
+    return lines
+
+
+def _show(args: argparse.Namespace) -> int:
+    reg = _registry(args)
+    record = reg.get(args.ref)
+    if args.json:
+        print(json.dumps(record.to_dict(), indent=2, sort_keys=True, ensure_ascii=False))
+        return 0
+    here = [k for k, v in sorted(reg.labels(record.name).items()) if v == record.version]
+    print(f"{record.ref}  labels: {', '.join(here) or '-'}  parent: {_fmt(record.parent)}")
+    print(f"published {record.created_at} by {record.actor}")
+    print(f"content_hash {record.content_hash}\n")
+    print("\n".join(_text(record)))
+    for title, values in (("metrics", record.metrics), ("provenance", record.provenance)):
+        flat = _flatten(values)
+        if flat:
+            print(f"\n[{title}]")
+            print(_table([[k, _fmt(v)] for k, v in flat.items()], ["KEY", "VALUE"]))
+    return 0
+
+
+def _ref_b(a: str, b: str) -> str:
+    name = a.split("@", 1)[0].split(":", 1)[0]
+    if b.isdigit():
+        return f"{name}:{b}"
+    if b.startswith("@"):
+        return name + b
+    return b
+
+
+def _diff(args: argparse.Namespace) -> int:
+    reg = _registry(args)
+    a, b = reg.get(args.a), reg.get(_ref_b(args.a, args.b))
+    diff = list(difflib.unified_diff(_text(a), _text(b), a.ref, b.ref, lineterm="", n=2))
+    print("\n".join(diff) if diff else f"{a.ref} and {b.ref} have the same content ({a.content_hash})")
+    ma, mb = _flatten(a.metrics), _flatten(b.metrics)
+    keys = sorted(set(ma) | set(mb))
+    if keys:
+        rows = []
+        for k in keys:
+            va, vb = ma.get(k), mb.get(k)
+            numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+            rows.append([k, _fmt(va), _fmt(vb), f"{vb - va:+.4g}" if numeric else ""])
+        print()
+        print(_table(rows, ["METRIC", a.ref, b.ref, "DELTA"]))
+    return 0
+
+
+def _promote(args: argparse.Namespace) -> int:
+    event = _registry(args).set_label(args.name, args.label, args.version, actor=args.actor, reason=args.reason)
+    print(f"{args.name}@{event.label}: {_fmt(event.from_version)} -> {event.to_version}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    event = _registry(args).rollback(args.name, args.label, actor=args.actor, reason=args.reason)
+    print(f"{args.name}@{event.label}: {_fmt(event.from_version)} -> {event.to_version} (rolled back)")
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    events = _registry(args).history(args.name, args.label)
+    if not events:
+        print(f"no label moves for {args.name}")
+        return 0
+    rows = [[str(e.seq), e.at, e.label, f"{_fmt(e.from_version)} -> {e.to_version}", e.action, e.actor, e.reason]
+            for e in events]
+    print(_table(rows, ["SEQ", "AT", "LABEL", "MOVE", "ACTION", "ACTOR", "REASON"]))
+    return 0
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise RegistryError(f"{path}: cannot read the {what} file: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise RegistryError(f"{path}: the {what} file is not valid JSON: {e}") from None
+
+
+def _publish(args: argparse.Namespace) -> int:
+    content = _read_json(args.content, "content")
+    metrics = _read_json(args.metrics, "metrics") if args.metrics else None
+    record = _registry(args).publish(args.name, content, parent=args.parent, metrics=metrics,
+                                     labels=args.label, actor=args.actor, reason="published from the CLI")
+    labels: Iterable[str] = args.label
+    print(f"published {record.ref} {record.content_hash}" + (f" labels: {', '.join(labels)}" if args.label else ""))
+    return 0

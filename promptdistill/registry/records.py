@@ -1,0 +1,293 @@
+"""What the registry stores: version records, label events, artifact manifests.
+
+Pure value objects with their JSON forms and checks; no I/O. A record read back is
+verified before anyone sees it: its ``record_hash`` covers every field (content,
+parent, provenance, metrics, ...) and its ``content_hash`` covers the template content,
+so a hand-edited file is refused with ``IntegrityError``.
+
+Template content (what ``promptdistill.specs.template_content`` produces)::
+
+    {"name": str, "system": str, "user": str, "inputs": [str, ...],
+     "output_schema": dict | None, "response_format": "json_schema" | "none",
+     "max_tokens": int | None, "sampling": {"temperature": 0.0, ...}}
+
+Metrics are free-form JSON; the optimizer's convention is ``quality`` (with
+``ci_low``/``ci_high``), ``prompt_tokens_before``/``prompt_tokens_after``,
+``ttft_ms_predicted``/``ttft_ms_measured`` and ``valid_json_rate``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from promptdistill.errors import IntegrityError, RegistryError
+from promptdistill.registry.hashing import canonical_json, content_hash, sha256_hex
+from promptdistill.render import TemplateSyntaxError, check_template
+
+__all__ = [
+    "ArtifactRecord",
+    "LabelEvent",
+    "VersionRecord",
+    "check_content",
+    "check_label",
+    "check_name",
+    "check_version",
+    "parse_ref",
+]
+
+TEMPLATE_FORMAT = "promptdistill.template/1"
+ARTIFACT_FORMAT = "promptdistill.artifact/1"
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_RESPONSE_FORMATS = ("json_schema", "none")
+
+
+def check_name(name: Any, what: str = "template name") -> str:
+    """Return ``name`` if it is safe as one path component, else raise RegistryError."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise RegistryError(
+            f"invalid {what} {name!r}: use 1-128 letters, digits, '_', '-' or '.', starting with a "
+            "letter or digit, without path separators or '..'"
+        )
+    return name
+
+
+def check_label(label: Any) -> str:
+    """Return ``label`` if valid (``production``, ``staging``, ``candidate``, ...)."""
+    if not isinstance(label, str) or not _LABEL.fullmatch(label):
+        raise RegistryError(
+            f"invalid label {label!r}: use 1-64 letters, digits, '_' or '-', starting with a letter"
+        )
+    return label
+
+
+def check_version(version: Any) -> int:
+    """Return ``version`` if it is a positive int (not a bool), else raise RegistryError."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise RegistryError(f"invalid version {version!r}: versions are integers from 1")
+    return version
+
+
+def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None,
+              default_label: str | None = "production") -> tuple[str, str | None, int | None]:
+    """Split ``name@label`` / ``name:3`` / ``name`` into (name, label, version).
+
+    Exactly one of label and version is set in the result; a bare name with neither
+    argument gets ``default_label``.
+
+    Raises:
+        RegistryError: a malformed reference, or a label/version given twice.
+    """
+    if not isinstance(ref, str):
+        raise RegistryError(f"a template reference must be a string like 'name@production' or 'name:3', got {ref!r}")
+    name, ref_label, ref_version = ref, None, None
+    if "@" in ref:
+        name, ref_label = ref.split("@", 1)
+        check_label(ref_label)
+    elif ":" in ref:
+        name, text = ref.split(":", 1)
+        if not text.isdigit():
+            raise RegistryError(f"invalid reference {ref!r}: the part after ':' must be a version number")
+        ref_version = int(text)
+    check_name(name)
+    given = [x for x in (ref_label, ref_version, label, version) if x is not None]
+    if len(given) > 1:
+        raise RegistryError(f"{ref!r}: give one label or one version, not {given}")
+    if label is not None:
+        ref_label = check_label(label)
+    if version is not None:
+        ref_version = check_version(version)
+    if ref_version is not None:
+        check_version(ref_version)
+    elif ref_label is None:
+        if default_label is None:
+            raise RegistryError(f"{ref!r}: name a label (name@production) or a version (name:3)")
+        ref_label = default_label
+    return name, ref_label, ref_version
+
+
+def check_content(content: Any, where: str = "content") -> None:
+    """Raise RegistryError naming the field if ``content`` is not a publishable template."""
+    if not isinstance(content, Mapping):
+        raise RegistryError(f"{where}: must be a dict, got {type(content).__name__}")
+    for key in ("system", "user"):
+        if not isinstance(content.get(key), str):
+            raise RegistryError(f"{where}.{key}: must be a string, got {type(content.get(key)).__name__}")
+    inputs = content.get("inputs")
+    if not isinstance(inputs, list) or not all(isinstance(n, str) for n in inputs):
+        raise RegistryError(f"{where}.inputs: must be a list of input names, got {inputs!r}")
+    try:
+        check_template(content["system"], [], where=f"{where}.system")
+        check_template(content["user"], inputs, where=f"{where}.user")
+    except TemplateSyntaxError as e:
+        raise RegistryError(str(e)) from None
+    schema = content.get("output_schema")
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            raise RegistryError(f"{where}.output_schema: must be a JSON Schema object or None")
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as e:
+            raise RegistryError(f"{where}.output_schema: not a valid JSON Schema: {e.message}") from None
+    fmt = content.get("response_format", "json_schema" if schema is not None else "none")
+    if fmt not in _RESPONSE_FORMATS:
+        raise RegistryError(f"{where}.response_format: must be one of {_RESPONSE_FORMATS}, got {fmt!r}")
+    if fmt == "json_schema" and schema is None:
+        raise RegistryError(f"{where}.response_format: 'json_schema' needs an output_schema")
+    max_tokens = content.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise RegistryError(f"{where}.max_tokens: must be a positive integer or None, got {max_tokens!r}")
+    if not isinstance(content.get("sampling", {}), Mapping):
+        raise RegistryError(f"{where}.sampling: must be a dict of sampling settings")
+
+
+def _load(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise IntegrityError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise IntegrityError(f"{where}: expected a JSON object")
+    return value
+
+
+def _pretty(value: Mapping[str, Any]) -> bytes:
+    return (json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _record_hash(fields: Mapping[str, Any]) -> str:
+    return sha256_hex(canonical_json({k: v for k, v in fields.items() if k != "record_hash"}))
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """One immutable template version, as stored in ``templates/<name>/versions/<N>.json``."""
+
+    name: str
+    version: int
+    parent: int | None
+    created_at: str
+    """UTC, ISO 8601 with milliseconds (``2026-11-30T13:04:52.123Z``)."""
+    actor: str
+    """Who published: ``user@host`` or a run id."""
+    content: dict[str, Any]
+    provenance: dict[str, Any]
+    metrics: dict[str, Any]
+    content_hash: str
+    """sha256 of the canonical JSON of ``content``."""
+    record_hash: str = ""
+    """sha256 of the canonical JSON of every other field."""
+    format: str = TEMPLATE_FORMAT
+
+    def __post_init__(self) -> None:
+        if not self.record_hash:
+            object.__setattr__(self, "record_hash", _record_hash(asdict(self)))
+
+    @property
+    def ref(self) -> str:
+        """``name:version``."""
+        return f"{self.name}:{self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_bytes(self) -> bytes:
+        return _pretty(self.to_dict())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str, name: str, version: int) -> "VersionRecord":
+        """Parse and verify a stored record.
+
+        Raises:
+            IntegrityError: the file is not JSON, lacks a field, is for another name or
+                version, or its hashes do not match (it was edited after publishing).
+        """
+        value = _load(data, where)
+        names = {f for f in cls.__dataclass_fields__}
+        missing = sorted(names - set(value))
+        if missing:
+            raise IntegrityError(f"{where}: missing field(s) {missing}")
+        extra = sorted(set(value) - names)
+        if extra:
+            raise IntegrityError(f"{where}: unexpected field(s) {extra}")
+        if value["name"] != name or value["version"] != version:
+            raise IntegrityError(f"{where}: holds {value['name']}:{value['version']}, expected {name}:{version}")
+        if content_hash(value["content"]) != value["content_hash"]:
+            raise IntegrityError(f"{where}: content does not match content_hash (the file was edited after publishing)")
+        if _record_hash(value) != value["record_hash"]:
+            raise IntegrityError(f"{where}: fields do not match record_hash (the file was edited after publishing)")
+        return cls(**value)
+
+
+@dataclass(frozen=True)
+class LabelEvent:
+    """One move of one label; events are numbered from 1 and never rewritten."""
+
+    seq: int
+    label: str
+    from_version: int | None
+    to_version: int
+    action: str
+    """``set`` (promote/publish) or ``rollback``."""
+    actor: str
+    at: str
+    reason: str
+    labels: dict[str, int] = field(default_factory=dict)
+    """Every label of the name after this event."""
+
+    def to_bytes(self) -> bytes:
+        return _pretty(asdict(self))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str) -> "LabelEvent":
+        value = _load(data, where)
+        try:
+            return cls(**value)
+        except TypeError as e:
+            raise IntegrityError(f"{where}: not a label event ({e})") from None
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """A manifest of one artifact version (a fitted TTFT model, for instance).
+
+    The files themselves are content-addressed blobs, so the manifest is the one object
+    whose creation publishes the version.
+    """
+
+    kind: str
+    name: str
+    version: int
+    created_at: str
+    actor: str
+    files: dict[str, dict[str, Any]]
+    """file name -> ``{"sha256": "sha256:...", "size": bytes}``."""
+    metadata: dict[str, Any]
+    record_hash: str = ""
+    format: str = ARTIFACT_FORMAT
+
+    def __post_init__(self) -> None:
+        if not self.record_hash:
+            object.__setattr__(self, "record_hash", _record_hash(asdict(self)))
+
+    def to_bytes(self) -> bytes:
+        return _pretty(asdict(self))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str, kind: str, name: str, version: int) -> "ArtifactRecord":
+        value = _load(data, where)
+        try:
+            record = cls(**{**value, "record_hash": value.get("record_hash") or "-"})
+        except TypeError as e:
+            raise IntegrityError(f"{where}: not an artifact manifest ({e})") from None
+        if (record.kind, record.name, record.version) != (kind, name, version):
+            raise IntegrityError(f"{where}: holds {record.kind}/{record.name}:{record.version}")
+        if _record_hash(value) != value.get("record_hash"):
+            raise IntegrityError(f"{where}: fields do not match record_hash (the file was edited after publishing)")
+        return record

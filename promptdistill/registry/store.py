@@ -1,0 +1,370 @@
+"""``Registry``: immutable template versions, movable labels, artifacts and run logs.
+
+Layout under the root (a folder, or any fsspec URL such as ``s3://bucket/prompts``)::
+
+    templates/<name>/versions/<N>.json          VersionRecord (content, parent, provenance,
+                                                metrics, content_hash, record_hash)
+    templates/<name>/labels.json                {label: version} checkpoint
+    templates/<name>/labels/history/<seq>.json  append-only label moves (who, when, from, to)
+    artifacts/<kind>/<name>/versions/<N>.json   ArtifactRecord manifest (a TTFT model, ...)
+    artifacts/<kind>/<name>/blobs/sha256-<hex>  the manifest's files, content-addressed
+    runs/<run_id>/<part>.parquet                run logs, written once
+
+Nothing is ever overwritten except the label checkpoint. See ``collection`` for how
+concurrent publishers and label moves stay safe without locks.
+
+Example::
+
+    reg = Registry("artifacts/registry")
+    rec = reg.publish("summarize", content, provenance=prov, metrics=metrics, labels=["candidate"])
+    reg.set_label("summarize", "production", rec.version, reason="won the nightly run")
+    reg.rollback("summarize", "production", reason="quality dropped")
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from promptdistill.errors import IntegrityError, RegistryError, TemplateNotFoundError
+from promptdistill.registry.backend import Backend, open_backend
+from promptdistill.registry.collection import Collection, label_stack, utc_now
+from promptdistill.registry.hashing import content_hash, sha256_hex, to_json_value
+from promptdistill.registry.records import (
+    ArtifactRecord,
+    LabelEvent,
+    VersionRecord,
+    check_content,
+    check_label,
+    check_name,
+    check_version,
+    parse_ref,
+)
+
+__all__ = ["Registry", "code_provenance", "default_actor"]
+
+
+def default_actor() -> str:
+    """``$PROMPTDISTILL_ACTOR``, else ``user@host``."""
+    if os.environ.get("PROMPTDISTILL_ACTOR"):
+        return os.environ["PROMPTDISTILL_ACTOR"]
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def code_provenance() -> dict[str, Any]:
+    """The project's version and git commit (None outside a git checkout)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("promptdistill")
+    except metadata.PackageNotFoundError:
+        version = None
+    commit, dirty = None, None
+    here = Path(__file__).resolve().parent
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", str(here), *a], capture_output=True, text=True, timeout=5)  # noqa: E731
+        head = run("rev-parse", "HEAD")
+        if head.returncode == 0:
+            commit = head.stdout.strip()
+            dirty = bool(run("status", "--porcelain", "--untracked-files=no").stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"promptdistill_version": version, "git_commit": commit, "git_dirty": dirty}
+
+
+class Registry:
+    """Read and write the template registry at ``root``.
+
+    Args:
+        root: a folder (created on first write) or an fsspec URL (``s3://bucket/prefix``).
+        storage_options: passed to fsspec for URLs (``{"client_kwargs": {"endpoint_url": ...}}``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.backend: Backend = open_backend(root, storage_options)
+
+    @property
+    def root(self) -> str:
+        return self.backend.root
+
+    def __repr__(self) -> str:
+        return f"Registry({self.root!r})"
+
+    def _templates(self, name: str) -> Collection:
+        return Collection(self.backend, f"templates/{check_name(name)}", f"template {name!r}")
+
+    # ------------------------------------------------------------------ reading
+    def names(self) -> list[str]:
+        """Template names that have at least one version."""
+        return [n for n in self.backend.list("templates") if self._templates(n).versions()]
+
+    def versions(self, name: str) -> list[int]:
+        """Version numbers of a template, ascending (empty if unknown)."""
+        return self._templates(name).versions()
+
+    def get_version(self, name: str, version: int) -> VersionRecord:
+        """One version, verified against its hashes.
+
+        Raises:
+            TemplateNotFoundError: unknown name or version.
+            IntegrityError: the stored file was edited after publishing.
+            StoreUnavailableError: the store could not be reached.
+        """
+        coll = self._templates(name)
+        check_version(version)
+        data = coll.read_version(version)
+        return VersionRecord.from_bytes(data, where=self.backend.url(coll.version_key(version)), name=name, version=version)
+
+    def labels(self, name: str) -> dict[str, int]:
+        """{label: version} for a template."""
+        return self._templates(name).labels()
+
+    def resolve(self, name: str, label: str) -> int:
+        """The version ``label`` points to; TemplateNotFoundError if it is not set."""
+        return self._templates(name).resolve(check_label(label))
+
+    def get(self, ref: str, *, label: str | None = None, version: int | None = None) -> VersionRecord:
+        """A version by reference: ``name@label``, ``name:3`` or ``name`` (production label)."""
+        name, label, version = parse_ref(ref, label=label, version=version)
+        if version is None:
+            version = self.resolve(name, label)
+        return self.get_version(name, version)
+
+    def history(self, name: str, label: str | None = None) -> list[LabelEvent]:
+        """Label moves of a template, oldest first (of one label if given)."""
+        events = self._templates(name).history()
+        return [e for e in events if label is None or e.label == check_label(label)]
+
+    # ------------------------------------------------------------------ writing
+    def publish(
+        self,
+        name: str,
+        content: Mapping[str, Any],
+        *,
+        parent: int | None = None,
+        provenance: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        labels: Iterable[str] = (),
+        actor: str | None = None,
+        reason: str = "",
+    ) -> VersionRecord:
+        """Store ``content`` as the next version of ``name``; then set ``labels`` to it.
+
+        The version appears whole or not at all; concurrent publishers get distinct
+        numbers. ``provenance`` gets a ``code`` entry (project version and git commit)
+        unless it has one.
+
+        Raises:
+            RegistryError: a bad name, label, parent or content (naming the field).
+        """
+        coll = self._templates(name)
+        labels = [check_label(x) for x in labels]
+        self.backend.ensure_root()
+        content = to_json_value(dict(content) if isinstance(content, Mapping) else content, "content")
+        check_content(content, f"{name}: content")
+        if parent is not None:
+            self.get_version(name, parent)  # must exist and be intact
+        provenance = to_json_value(dict(provenance or {}), "provenance")
+        provenance.setdefault("code", code_provenance())
+        metrics = to_json_value(dict(metrics or {}), "metrics")
+        actor = actor or default_actor()
+        created_at = utc_now()
+        chash = content_hash(content)
+        records: dict[int, VersionRecord] = {}
+
+        def build(version: int) -> bytes:
+            records[version] = VersionRecord(
+                name=name, version=version, parent=parent, created_at=created_at, actor=actor,
+                content=content, provenance=provenance, metrics=metrics, content_hash=chash,
+            )
+            return records[version].to_bytes()
+
+        version = coll.create_version(build)
+        for label in labels:
+            self.set_label(name, label, version, actor=actor, reason=reason or "published")
+        return records[version]
+
+    def set_label(self, name: str, label: str, version: int, *, actor: str | None = None, reason: str = "") -> LabelEvent:
+        """Point ``label`` at an existing, intact ``version`` and record the move."""
+        self.get_version(name, check_version(version))
+        return self._templates(name).move_label(
+            check_label(label), lambda _events, _labels: version,
+            action="set", actor=actor or default_actor(), reason=reason,
+        )
+
+    def rollback(self, name: str, label: str, *, actor: str | None = None, reason: str = "") -> LabelEvent:
+        """Move ``label`` back to the version it had before its current one.
+
+        Repeated rollbacks walk further back (``set 1, set 2, set 3, rollback, rollback``
+        ends at 1).
+
+        Raises:
+            TemplateNotFoundError: the label is not set.
+            RegistryError: the label has no earlier version.
+        """
+        check_label(label)
+        coll = self._templates(name)
+
+        def target(events: list[LabelEvent] | None, labels: dict[str, int]) -> int:
+            if label not in labels:
+                coll.resolve(label)  # raises the not-found error with the known labels
+            stack = label_stack(events or [], label)
+            if len(stack) < 2:
+                raise RegistryError(f"{coll.backend.url(coll.prefix)}: label {label!r} has no earlier version to roll back to")
+            return stack[-2]
+
+        return coll.move_label(label, target, action="rollback", actor=actor or default_actor(),
+                               reason=reason, needs_history=True)
+
+    # ---------------------------------------------------------------- artifacts
+    def _artifacts(self, kind: str, name: str) -> Collection:
+        check_name(kind, "artifact kind")
+        check_name(name, "artifact name")
+        return Collection(self.backend, f"artifacts/{kind}/{name}", f"artifact {kind}/{name}")
+
+    def put_artifact(
+        self,
+        kind: str,
+        name: str,
+        files: Mapping[str, bytes],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        labels: Iterable[str] = (),
+        actor: str | None = None,
+    ) -> ArtifactRecord:
+        """Store a set of files (a fitted TTFT model, ...) as the next version of ``kind/name``.
+
+        The files are written first as content-addressed blobs; the version becomes
+        visible only when its manifest is created, so it appears whole or not at all.
+        """
+        coll = self._artifacts(kind, name)
+        labels = [check_label(x) for x in labels]
+        if not files:
+            raise RegistryError(f"artifact {kind}/{name}: needs at least one file")
+        self.backend.ensure_root()
+        manifest: dict[str, dict[str, Any]] = {}
+        for file_name, data in files.items():
+            check_name(file_name, "artifact file name")
+            if not isinstance(data, (bytes, bytearray)):
+                raise RegistryError(f"artifact {kind}/{name}: file {file_name!r} must be bytes, got {type(data).__name__}")
+            digest = sha256_hex(bytes(data))
+            try:
+                self.backend.create(f"{coll.prefix}/blobs/{digest.replace(':', '-')}", bytes(data))
+            except FileExistsError:
+                pass  # same bytes already stored (verified on read)
+            manifest[file_name] = {"sha256": digest, "size": len(data)}
+        metadata = to_json_value(dict(metadata or {}), "metadata")
+        actor = actor or default_actor()
+        created_at = utc_now()
+        records: dict[int, ArtifactRecord] = {}
+
+        def build(version: int) -> bytes:
+            records[version] = ArtifactRecord(kind=kind, name=name, version=version, created_at=created_at,
+                                              actor=actor, files=manifest, metadata=metadata)
+            return records[version].to_bytes()
+
+        version = coll.create_version(build)
+        for label in labels:
+            coll.move_label(label, lambda _e, _l: version, action="set", actor=actor, reason="published")
+        return records[version]
+
+    def artifact_names(self, kind: str) -> list[str]:
+        return self.backend.list(f"artifacts/{check_name(kind, 'artifact kind')}")
+
+    def artifact_versions(self, kind: str, name: str) -> list[int]:
+        return self._artifacts(kind, name).versions()
+
+    def get_artifact(self, kind: str, name: str, *, version: int | None = None, label: str | None = None) -> ArtifactRecord:
+        """An artifact manifest: by version, by label, or the latest version."""
+        coll = self._artifacts(kind, name)
+        if version is not None and label is not None:
+            raise RegistryError(f"artifact {kind}/{name}: give a version or a label, not both")
+        if label is not None:
+            version = coll.resolve(check_label(label))
+        elif version is None:
+            known = coll.versions()
+            if not known:
+                raise TemplateNotFoundError(f"{self.root}: unknown artifact {kind}/{name}")
+            version = known[-1]
+        data = coll.read_version(check_version(version))
+        return ArtifactRecord.from_bytes(data, where=self.backend.url(coll.version_key(version)),
+                                         kind=kind, name=name, version=version)
+
+    def read_artifact_files(self, record: ArtifactRecord) -> dict[str, bytes]:
+        """The files of an artifact version, each checked against its sha256."""
+        coll = self._artifacts(record.kind, record.name)
+        out = {}
+        for file_name, info in record.files.items():
+            key = f"{coll.prefix}/blobs/{info['sha256'].replace(':', '-')}"
+            try:
+                data = self.backend.read(key)
+            except FileNotFoundError:
+                raise IntegrityError(
+                    f"{self.backend.url(key)}: file {file_name!r} of {record.kind}/{record.name}:{record.version} is missing"
+                ) from None
+            if sha256_hex(data) != info["sha256"]:
+                raise IntegrityError(f"{self.backend.url(key)}: file {file_name!r} does not match its sha256")
+            out[file_name] = data
+        return out
+
+    def set_artifact_label(self, kind: str, name: str, label: str, version: int, *, actor: str | None = None,
+                           reason: str = "") -> LabelEvent:
+        coll = self._artifacts(kind, name)
+        coll.read_version(check_version(version))
+        return coll.move_label(check_label(label), lambda _e, _l: version, action="set",
+                               actor=actor or default_actor(), reason=reason)
+
+    # ----------------------------------------------------------------- run logs
+    def put_run_log(self, run_id: str, log: Any, *, part: str = "log") -> str:
+        """Store a run log once (parquet bytes, or a pandas DataFrame); returns its URL.
+
+        Raises:
+            RegistryError: this run already has a log with that part name.
+        """
+        check_name(run_id, "run id")
+        check_name(part, "run log part")
+        data = log if isinstance(log, (bytes, bytearray)) else _to_parquet(log)
+        key = f"runs/{run_id}/{part}.parquet"
+        self.backend.ensure_root()
+        try:
+            self.backend.create(key, bytes(data))
+        except FileExistsError:
+            raise RegistryError(f"{self.backend.url(key)}: run log exists already (run logs are written once)") from None
+        return self.backend.url(key)
+
+    def get_run_log(self, run_id: str, *, part: str = "log") -> bytes:
+        key = f"runs/{check_name(run_id, 'run id')}/{check_name(part, 'run log part')}.parquet"
+        try:
+            return self.backend.read(key)
+        except FileNotFoundError:
+            raise RegistryError(f"{self.backend.url(key)}: no such run log") from None
+
+    def read_run_log(self, run_id: str, *, part: str = "log"):
+        """A run log as a pandas DataFrame (imports pandas)."""
+        import io
+
+        import pandas as pd
+
+        return pd.read_parquet(io.BytesIO(self.get_run_log(run_id, part=part)))
+
+    def run_ids(self) -> list[str]:
+        return self.backend.list("runs")
+
+
+def _to_parquet(log: Any) -> bytes:
+    if not hasattr(log, "to_parquet"):
+        raise RegistryError(f"a run log must be parquet bytes or a pandas DataFrame, got {type(log).__name__}")
+    import io
+
+    buf = io.BytesIO()
+    log.to_parquet(buf, index=False)
+    return buf.getvalue()
+
