@@ -39,6 +39,13 @@ class BatchingEngine:
         default_max_tokens: used when DSPy sends none.
     """
 
+    # Capability hints DSPy reads from a custom engine: JSONAdapter then sends a
+    # json_schema response_format, which the engine enforces with constrained decoding.
+    supports_response_schema = True
+    supports_function_calling = False
+    supports_reasoning = False
+    supported_params = frozenset({"response_format", "temperature", "max_tokens", "stop", "seed"})
+
     def __init__(self, engine: Engine, *, max_batch: int = 32, window_s: float = 0.02, default_max_tokens: int = 256):
         self.engine = engine
         self.max_batch = max_batch
@@ -120,8 +127,11 @@ class BatchingEngine:
         cfg = request.config
         schema = None
         rf = cfg.response_format
-        if isinstance(rf, dict) and rf.get("type") == "json_schema":
-            schema = (rf.get("json_schema") or {}).get("schema")
+        if isinstance(rf, type) and hasattr(rf, "model_json_schema"):  # a pydantic model
+            schema = rf.model_json_schema()
+        elif isinstance(rf, dict) and rf.get("type") == "json_schema":
+            # lm15 flattens the schema to the top level; OpenAI nests it under json_schema.
+            schema = rf.get("schema") or (rf.get("json_schema") or {}).get("schema")
         return GenerationRequest(
             messages=messages,
             temperature=0.0 if cfg.temperature is None else float(cfg.temperature),
