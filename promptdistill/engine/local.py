@@ -42,6 +42,8 @@ def _set_cpu_defaults(config: EngineConfig) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(config.kv_cache_gib)))))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Stats are on (for per-request timing); keep vLLM's periodic INFO lines out of the output.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 class LocalEngine(Engine):

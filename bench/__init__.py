@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (JSON to stdout, reports into artifacts/bench/)."""

@@ -1,0 +1,66 @@
+"""What every benchmark records beside its figures: machine, commit, engine identity."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from promptdistill.engine.base import hardware_fingerprint
+
+REPORT_DIR = Path(os.environ.get("PROMPTDISTILL_BENCH_DIR", "artifacts/bench"))
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "hardware": hardware_fingerprint(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100])."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+def summary_ms(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 2) if values else float("nan"),
+        "p95": round(percentile(values, 95), 2),
+        "n": len(values),
+    }
+
+
+def write_report(name: str, result: dict[str, Any], markdown: str | None = None) -> Path:
+    """Stamp ``result`` with machine and commit, print it, and save JSON (+ markdown)."""
+    result = {"benchmark": name, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "commit": commit(), "machine": machine(), **result}
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    path = REPORT_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    os.replace(tmp, path)
+    if markdown:
+        (REPORT_DIR / f"{name}.md").write_text(markdown)
+    print(json.dumps(result, indent=2, default=str))
+    return path
