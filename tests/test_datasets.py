@@ -1,0 +1,205 @@
+"""Datasets: loading, line-numbered errors, and the bundled generated sets."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from promptdistill.datasets import dataset_hash, load_dataset, records, write_records
+from promptdistill.errors import SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ["ticket_triage", "invoice_extraction", "word_problems", "format_rules", "summarize"]
+
+
+def _write(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _rec(i: str = "a", split: str = "train", **inputs: str) -> str:
+    return json.dumps({"id": i, "split": split, "inputs": inputs or {"q": "x"}, "expected": "y"})
+
+
+def test_load_returns_the_documented_columns_in_file_order(tmp_path):
+    path = _write(tmp_path, [_rec("a"), "", _rec("b", "dev"), _rec("c", "test")])
+    df = load_dataset(path, declared_inputs=["q"])
+    assert list(df.columns) == ["id", "split", "inputs", "expected", "line"]
+    assert list(df["id"]) == ["a", "b", "c"]
+    assert list(df["line"]) == [1, 3, 4]
+    assert records(df, "dev") == [{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": "y"}]
+    with pytest.raises(ValueError, match="split must be one of"):
+        records(df, "validation")
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"id": "b", "split": "dev", ', ":2: malformed JSON"),
+        ('["not", "an", "object"]', ":2: (record): must be a JSON object"),
+        ('{"id": "b", "split": "dev", "inputs": {"q": "x"}}', ":2: expected: required field is missing"),
+        ('{"id": "b", "inputs": {"q": "x"}, "expected": 1}', ":2: split: required field is missing"),
+        ('{"id": "b", "split": "validation", "inputs": {"q": "x"}, "expected": 1}', ":2: split: unknown split 'validation'"),
+        ('{"id": "a", "split": "dev", "inputs": {"q": "x"}, "expected": 1}', ":2: id: duplicate id 'a' (first on line 1)"),
+        ('{"id": "b", "split": "dev", "inputs": {"q": "x", "extra": "y"}, "expected": 1}', ":2: inputs.extra: input not declared by the spec"),
+        ('{"id": "b", "split": "dev", "inputs": {}, "expected": 1}', ":2: inputs.q: missing (the spec declares it)"),
+        ('{"id": "b", "split": "dev", "inputs": "x", "expected": 1}', ":2: inputs: must be an object"),
+        ('{"id": "", "split": "dev", "inputs": {"q": "x"}, "expected": 1}', ":2: id: must be a non-empty string"),
+        ('{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": 1, "label": 2}', ":2: label: unknown field"),
+    ],
+)
+def test_each_bad_line_gives_an_error_naming_file_line_and_field(tmp_path, line, message):
+    path = _write(tmp_path, [_rec("a"), line])
+    with pytest.raises(SpecError) as info:
+        load_dataset(path, declared_inputs=["q"])
+    errors = info.value.errors
+    assert len(errors) == 1
+    assert errors[0].startswith(str(path)) and message in errors[0], errors
+
+
+def test_every_error_is_reported_not_just_the_first(tmp_path):
+    path = _write(tmp_path, ["{bad", _rec("a"), _rec("a"), '{"id": "z"}'])
+    with pytest.raises(SpecError) as info:
+        load_dataset(path)
+    errors = info.value.errors
+    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in errors] == ["1", "3", "4", "4", "4"]
+    assert "5 dataset errors" in str(info.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(SpecError, match="dataset file not found"):
+        load_dataset(tmp_path / "nope.jsonl")
+    empty = _write(tmp_path, [""])
+    with pytest.raises(SpecError, match="no records"):
+        load_dataset(empty)
+
+
+def test_loading_is_memoised_until_the_file_changes(tmp_path):
+    path = _write(tmp_path, [_rec("a")])
+    first = load_dataset(path)
+    assert load_dataset(path) is first
+    _write(tmp_path, [_rec("a"), _rec("b", "dev")])
+    assert list(load_dataset(path)["id"]) == ["a", "b"]
+
+
+def test_dataset_hash_is_the_file_sha256(tmp_path):
+    import hashlib
+
+    path = _write(tmp_path, [_rec("a")])
+    assert dataset_hash(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_write_records_is_atomic_and_validates(tmp_path):
+    path = tmp_path / "out.jsonl"
+    write_records(path, [{"id": "a", "split": "train", "inputs": {"q": "x"}, "expected": 1}])
+    before = path.read_bytes()
+    with pytest.raises(SpecError, match="split: unknown split"):
+        write_records(path, [{"id": "a", "split": "nope", "inputs": {}, "expected": 1}])
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+
+
+# --- the bundled sets -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_bundled_sets_are_big_enough(name):
+    df = load_dataset(ROOT / "datasets" / f"{name}.jsonl")
+    counts = df["split"].value_counts().to_dict()
+    assert len(df) >= 150 and counts.get("test", 0) >= 50 and counts.get("train", 0) >= 20 and counts.get("dev", 0) >= 20
+    first_input = next(iter(df["inputs"].iloc[0]))
+    assert df["inputs"].map(lambda d: d[first_input]).is_unique
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_generators_reproduce_the_bundled_files_byte_for_byte(tmp_path, name):
+    out = tmp_path / f"{name}.jsonl"
+    subprocess.run(
+        [sys.executable, str(ROOT / "datasets" / "generators" / f"{name}.py"), "--out", str(out)],
+        check=True, capture_output=True, cwd=tmp_path,
+    )
+    assert out.read_bytes() == (ROOT / "datasets" / f"{name}.jsonl").read_bytes()
+
+
+def _all(name: str) -> list[dict]:
+    df = load_dataset(ROOT / "datasets" / f"{name}.jsonl")
+    return [r for split in ("train", "dev", "test") for r in records(df, split)]
+
+
+def test_word_problem_answers_are_right_by_an_independent_solver():
+    def solve(q: str) -> int:
+        n = [int(x) for x in re.findall(r"\d+", q)]
+        if "gets" in q or "years older" in q:
+            return n[0] + n[1]
+        if "buys" in q and "loses" in q:
+            return n[0] + n[1] - n[2]
+        if "gave" in q or "change" in q:
+            return n[0] - n[1] if "gave" in q else n[1] - n[0]
+        if "each box" in q or "cost?" in q:
+            return n[0] * n[1]
+        if "equally" in q:
+            return n[0] // n[1]
+        raise AssertionError(f"unknown problem shape: {q}")
+
+    for r in _all("word_problems"):
+        assert solve(r["inputs"]["question"]) == r["expected"]["result"], r
+        assert r["expected"]["calculation"].endswith(f"= {r['expected']['result']}")
+        assert list(r["expected"]) == ["calculation", "result"]  # the order constrained decoding emits
+
+
+def test_invoice_answers_appear_in_the_document():
+    for r in _all("invoice_extraction"):
+        doc, exp = r["inputs"]["document"], r["expected"]
+        assert exp["vendor"] in doc and exp["invoice_number"] in doc
+        assert f"{exp['total']:,.2f}" in doc
+        symbol = {"USD": ("$", "USD "), "EUR": ("€", "EUR "), "GBP": ("£", "GBP ")}[exp["currency"]]
+        assert any(f"{s}{exp['total']:,.2f}" in doc for s in symbol)
+        due = dt.date.fromisoformat(exp["due_date"])
+        assert exp["due_date"] in doc or f"{due:%B} {due.day}, {due.year}" in doc
+
+
+def test_slugs_follow_the_rules_in_the_spec():
+    for r in _all("format_rules"):
+        title, slug = r["inputs"]["title"], r["expected"]["slug"]
+        assert re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", slug)
+        words = slug.split("-")
+        assert not {"the", "a", "an"} & set(words)
+        kept = [w.replace("'", "").lower() for w in re.findall(r"[A-Za-z0-9]+(?:'[A-Za-z]*)?", title)]
+        kept = [w for w in kept if w not in ("the", "a", "an")]
+        for _ in range(title.count("&")):
+            i = words.index("and")
+            assert kept[i - 1] == words[i - 1]
+            words = words[:i] + words[i + 1:]
+        assert words == kept, (title, slug)
+
+
+def test_ticket_labels_match_their_cue_pool():
+    from importlib import util
+
+    spec = util.spec_from_file_location("tt_gen", ROOT / "datasets" / "generators" / "ticket_triage.py")
+    sys.path.insert(0, str(ROOT / "datasets" / "generators"))
+    try:
+        gen = util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+    finally:
+        sys.path.remove(str(ROOT / "datasets" / "generators"))
+    openings = {label: [p.split("{")[0][:25] for p in pool] for label, pool in gen.PROBLEMS.items()}
+    for r in _all("ticket_triage"):
+        owners = {label for label, starts in openings.items() if any(s and s in r["inputs"]["ticket"] for s in starts)}
+        assert r["expected"]["label"] in owners, r
+
+
+def test_summary_references_only_use_facts_from_the_notes():
+    for r in _all("summarize"):
+        notes, exp = r["inputs"]["notes"], r["expected"]
+        names = set(re.findall(r"\b[A-Z][a-z]+\b", " ".join(exp["key_points"])))
+        names -= {"The", "Problem", "Decision", "Android", "April", "January"}
+        assert names <= set(re.findall(r"\b[A-Z][a-z]+\b", notes)), (names, notes)
+        assert 2 <= len(exp["key_points"]) <= 5 and 0 <= exp["confidence_score"] <= 1
