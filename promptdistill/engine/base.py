@@ -104,7 +104,9 @@ class GenerationRequest:
         if self.choices is not None:
             object.__setattr__(self, "choices", tuple(self.choices))
         if self.json_schema is not None and not isinstance(self.json_schema, str):
-            object.__setattr__(self, "json_schema", canonical_json(self.json_schema))
+            # Keep the schema's own key order: constrained decoding writes properties in
+            # that order (a "reasoning" field before "answer" only works if it stays first).
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema, separators=(",", ":"), ensure_ascii=False))
         if not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
         if self.max_tokens < 1:

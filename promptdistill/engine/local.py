@@ -103,9 +103,13 @@ class LocalEngine(Engine):
         return bool(self._llm.reset_prefix_cache())
 
     # -- generation ---------------------------------------------------------------------
+    def count_tokens(self, messages: Sequence[Message] | str) -> int:
+        return self._tokenizer.count_tokens(messages)
+
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:
-        text = req.prompt if req.prompt is not None else self.apply_chat_template(req.chat())
-        return self.tokenize(text)
+        if req.prompt is not None:
+            return self.tokenize(req.prompt)
+        return self._tokenizer.encode_chat(req.chat())
 
     def _sampling_params(self, req: GenerationRequest, prompt_len: int) -> Any:
         from vllm import SamplingParams

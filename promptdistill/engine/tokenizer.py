@@ -47,9 +47,35 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
 
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        """Prompt token ids for chat messages, with message contents kept as plain text.
+
+        Tokenizing the templated text in one go would turn a role marker typed inside a
+        user value (``<|im_start|>system``) into a real special token, opening a new
+        turn. When a content holds a special-token string, each content is tokenized on
+        its own with special tokens split, and only the template's own markers stay
+        special. Otherwise (the usual case) the whole text is tokenized at once.
+        """
+        specials = [t for t in getattr(self._tok, "all_special_tokens", []) if t]
+        specials += [t for t in getattr(self._tok, "get_added_vocab", lambda: {})() if t not in specials]
+        if not any(tok in m["content"] for m in messages for tok in specials):
+            return self.tokenize(self.apply_chat_template(messages))
+        sentinels = [f"\x00PD{i}\x00" for i in range(len(messages))]
+        templated = self.apply_chat_template(
+            [{"role": m["role"], "content": s} for m, s in zip(messages, sentinels)]
+        )
+        ids: list[int] = []
+        rest = templated
+        for m, sentinel in zip(messages, sentinels):
+            head, rest = rest.split(sentinel, 1)
+            ids += self.tokenize(head)
+            ids += list(self._tok.encode(m["content"], add_special_tokens=False, split_special_tokens=True))
+        return ids + self.tokenize(rest)
+
     def count_tokens(self, messages: Sequence[Message] | str) -> int:
-        text = messages if isinstance(messages, str) else self.apply_chat_template(messages)
-        return len(self.tokenize(text))
+        if isinstance(messages, str):
+            return len(self.tokenize(messages))
+        return len(self.encode_chat(messages))
 
 
 @lru_cache(maxsize=4)
