@@ -1,0 +1,175 @@
+"""``promptdistill ttft profile | fit | report``: measure TTFT, fit the models, explain them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+__all__ = ["register"]
+
+PROFILES_DIR = "artifacts/ttft/profiles"
+MODELS_DIR = "artifacts/ttft/models"
+REPORT_DIR = "artifacts/ttft"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ttft = sub.add_parser("ttft", help="profile TTFT on the engine, fit the models that predict it, report")
+    cmds = ttft.add_subparsers(dest="ttft_command", metavar="SUBCOMMAND")
+    ttft.set_defaults(func=lambda args: (ttft.print_help(), 2)[1])
+
+    p = cmds.add_parser("profile", help="measure TTFT over a designed sweep and the bundled specs (to Parquet)")
+    p.add_argument("--points", type=int, default=40, help="sweep points (Latin hypercube; default 40)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds over the design (default 2)")
+    p.add_argument("--budget-s", type=float, default=420.0, help="stop cleanly after this many seconds (default 420)")
+    p.add_argument("--max-tokens", type=int, help="longest sweep prompt (default: the context limit)")
+    p.add_argument("--spec-records", type=int, default=2, help="records per spec profiled as rendered (default 2)")
+    p.add_argument("--no-fewshot-probe", action="store_true", help="skip the 0/1/4/8-example probe")
+    p.add_argument("--density-probe-tokens", default="256,1024", help="token counts of the density probe ('' for none)")
+    p.add_argument("--max-retries", type=int, default=2, help="re-measurements of a contended request (default 2)")
+    p.add_argument("--quiet-wait-s", type=float, default=10.0,
+                   help="wait up to this long for other processes to leave the CPU before each request (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=PROFILES_DIR, help=f"folder or .parquet file (default {PROFILES_DIR})")
+    p.add_argument("--backend", choices=["local", "server"], help="override engine.backend")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_profile)
+
+    f = cmds.add_parser("fit", help="fit and compare the TTFT models; save the chosen one")
+    _profile_args(f)
+    f.add_argument("--out", default=MODELS_DIR, help=f"models folder (default {MODELS_DIR}; LATEST points at the newest)")
+    f.set_defaults(func=_fit)
+
+    r = cmds.add_parser("report", help="the report: model comparison, coefficients, density, few-shot, figures")
+    _profile_args(r)
+    r.add_argument("--out", default=REPORT_DIR, help=f"folder for report.md, report.json and PNGs (default {REPORT_DIR})")
+    r.add_argument("--n-boot", type=int, default=500, help="bootstrap resamples (default 500)")
+    r.add_argument("--model", default=MODELS_DIR, help="saved model to name in the report (if present)")
+    r.set_defaults(func=_report)
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profiles", nargs="+", default=[PROFILES_DIR], help=f"Parquet files or folders (default {PROFILES_DIR})")
+    p.add_argument("--engine-key", help="use the rows of this engine identity (needed when profiles mix engines)")
+    p.add_argument("--keep-contended", action="store_true", help="also fit on rows measured under CPU contention")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _fail(e: Exception) -> int:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    return 1
+
+
+def read_profiles(paths: list[str]) -> "object":
+    """Every profile row in the given Parquet files and folders, as one frame."""
+    import pandas as pd
+
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files += sorted(path.glob("*.parquet"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"{path}: no such profile file or folder (run `promptdistill ttft profile` first)")
+    if not files:
+        raise ValueError(f"{', '.join(paths)}: no .parquet profiles found (run `promptdistill ttft profile` first)")
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True), [str(f) for f in files]
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from promptdistill.config import load_settings
+    from promptdistill.engine import load_engine
+    from promptdistill.ttft.profile import ProfileConfig, run_profile
+
+    settings = load_settings(args.config)
+    engine_config = settings.engine if not args.backend else replace(settings.engine, backend=args.backend)
+    try:
+        config = ProfileConfig(
+            points=args.points,
+            repeats=args.repeats,
+            budget_s=args.budget_s,
+            max_tokens=args.max_tokens,
+            spec_records=args.spec_records,
+            fewshot_probe=not args.no_fewshot_probe,
+            density_probe_tokens=tuple(int(t) for t in args.density_probe_tokens.split(",") if t.strip()),
+            max_retries=args.max_retries,
+            quiet_wait_s=args.quiet_wait_s,
+            seed=args.seed,
+        ).validate()
+    except ValueError as e:
+        return _fail(e)
+    with load_engine(engine_config) as engine:
+        result = run_profile(engine, config, out=args.out, progress=not args.quiet)
+    frame = result.frame
+    summary = {
+        "path": str(result.path) if result.path else None,
+        "stopped": result.stopped,
+        "measurements": int(len(frame)),
+        "planned": result.planned_units,
+        "contended": int(frame["contended"].sum()) if len(frame) else 0,
+        "elapsed_s": round(result.elapsed_s, 1),
+        **result.info,
+    }
+    print(json.dumps(summary, indent=2))
+    return 0 if len(frame) else 1
+
+
+def _load(args: argparse.Namespace) -> tuple[object, list[str]]:
+    from promptdistill.ttft.fit import engine_rows
+
+    df, files = read_profiles(args.profiles)
+    return engine_rows(df, args.engine_key), files
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from promptdistill.ttft.fit import fit_models
+    from promptdistill.ttft.model import TTFTModel
+
+    try:
+        df, files = _load(args)
+        fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
+    except ValueError as e:
+        return _fail(e)
+    model = TTFTModel.from_fit(fit, df, sources=files)
+    path = model.save_versioned(args.out)
+    print(_fit_table(fit), file=sys.stderr)
+    h = fit.heldout[fit.chosen]
+    print(json.dumps({"model": str(path), "version": model.version, "chosen": fit.chosen,
+                      "heldout_mape": round(h["mape"], 4), "heldout_r2": round(h["r2"], 4),
+                      "engine_key": model.engine_identity.key(), "rows": fit.rows}, indent=2))
+    return 0
+
+
+def _fit_table(fit: object) -> str:
+    lines = [f"{'model':<12} {'cv MAPE':>8} {'MAPE':>7} {'R2':>7} {'p50 ms':>8} {'p95 ms':>8}  monotonic"]
+    for name, s in fit.heldout.items():  # type: ignore[attr-defined]
+        mark = " <- chosen" if name == fit.chosen else ""  # type: ignore[attr-defined]
+        lines.append(f"{name:<12} {fit.cv[name]['mape']:>8.1%} {s['mape']:>7.1%} {s['r2']:>7.3f} "  # type: ignore[attr-defined]
+                     f"{s['p50_abs_err_ms']:>8.0f} {s['p95_abs_err_ms']:>8.0f}  {fit.monotonic[name]}{mark}")  # type: ignore[attr-defined]
+    return "\n".join(lines)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from promptdistill.errors import IntegrityError
+    from promptdistill.ttft.fit import fit_models
+    from promptdistill.ttft.model import TTFTModel
+    from promptdistill.ttft.report import build_report
+
+    try:
+        df, _ = _load(args)
+        fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
+    except ValueError as e:
+        return _fail(e)
+    version = None
+    try:
+        version = TTFTModel.load(args.model).version
+    except IntegrityError:
+        pass
+    path = build_report(df, args.out, fit=fit, n_boot=args.n_boot, seed=args.seed, model_version=version,
+                        drop_contended=not args.keep_contended)
+    print(path)
+    return 0

@@ -1,0 +1,34 @@
+"""TTFT: profile the engine, fit models that predict time to first token, report.
+
+* :mod:`~promptdistill.ttft.design`: which prompts to measure, built from specs and data;
+* :mod:`~promptdistill.ttft.profile`: measuring them on the real engine, to Parquet;
+* :mod:`~promptdistill.ttft.estimators` and :mod:`~promptdistill.ttft.fit`: the
+  regressors and model selection by grouped cross-validation;
+* :mod:`~promptdistill.ttft.model`: ``TTFTModel``, the persisted, engine-stamped predictor;
+* :mod:`~promptdistill.ttft.analysis` and :mod:`~promptdistill.ttft.report`: coefficients
+  with bootstrap intervals, the density question, the few-shot table, figures.
+
+Example:
+    >>> from promptdistill.ttft import TTFTModel
+    >>> model = TTFTModel.load("artifacts/ttft/models", engine_identity=engine.identity)  # doctest: +SKIP
+    >>> model.predict(features)                                                        # doctest: +SKIP
+"""
+
+from promptdistill.ttft.estimators import MODEL_FEATURES, MonomialRegressor
+from promptdistill.ttft.fit import FitResult, check_frame, engine_rows, fit_models
+from promptdistill.ttft.model import TTFTModel, feature_row
+from promptdistill.ttft.profile import ProfileConfig, ProfileResult, run_profile
+
+__all__ = [
+    "MODEL_FEATURES",
+    "FitResult",
+    "MonomialRegressor",
+    "ProfileConfig",
+    "ProfileResult",
+    "TTFTModel",
+    "check_frame",
+    "engine_rows",
+    "feature_row",
+    "fit_models",
+    "run_profile",
+]

@@ -1,0 +1,272 @@
+"""Model selection for TTFT: grouped cross-validation, a held-out split, one winner.
+
+Rows are single measurements; repeats of one prompt share a ``prompt_id``. Every split
+here is by prompt (``GroupShuffleSplit`` for the held-out set, ``GroupKFold`` for
+cross-validation), so a prompt's repeats never sit on both sides of a split and the
+scores measure prediction on prompts the model has not seen.
+
+The winner is the candidate with the lowest cross-validated MAPE among those whose
+predictions never decrease as uncached tokens grow over the measured range: the
+optimizer relies on "fewer tokens is never predicted slower".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from sklearn.base import clone
+from sklearn.metrics import mean_absolute_percentage_error, r2_score
+from sklearn.model_selection import GroupKFold, GroupShuffleSplit
+from threadpoolctl import threadpool_limits
+
+from promptdistill.ttft.estimators import MODEL_FEATURES, candidate_estimators
+
+if TYPE_CHECKING:
+    from promptdistill.engine.base import EngineIdentity
+
+__all__ = [
+    "FitResult",
+    "check_frame",
+    "engine_rows",
+    "fit_models",
+    "flag_contended",
+    "identity_of",
+    "is_monotonic_in_uncached",
+    "score",
+]
+
+REQUIRED_COLUMNS = (*MODEL_FEATURES, "ttft_ms", "prompt_id")
+
+
+def flag_contended(df: pd.DataFrame, *, max_foreign_cpu_share: float = 0.2) -> pd.Series:
+    """True for rows measured while other processes took the CPU (see ``ttft.profile``).
+
+    A row is contended when its ``foreign_cpu_share`` (other processes' CPU time during
+    the request, as a share of the machine) exceeds ``max_foreign_cpu_share``. Rows
+    without the measurement (server backend, no /proc/stat) are never flagged.
+    """
+    if "foreign_cpu_share" not in df.columns:
+        return pd.Series(False, index=df.index)
+    share = df["foreign_cpu_share"]
+    return share.notna() & (share > max_foreign_cpu_share)
+
+
+def check_frame(
+    df: pd.DataFrame, *, where: str = "measurements", drop_contended: bool = True, max_foreign_cpu_share: float = 0.2
+) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Validate a measurement frame; keep the rows a model should learn from.
+
+    Drops failed requests and, with ``drop_contended``, rows measured under CPU
+    contention (``flag_contended``).
+
+    Returns:
+        The usable rows and the counts: ``rows_total``, ``rows_failed``,
+        ``rows_contended``, ``rows_used``, ``prompts_used``.
+
+    Raises:
+        ValueError: a required column is missing or too few prompts remain.
+    """
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{where}: missing column(s) {missing}; a measurement frame needs {list(REQUIRED_COLUMNS)}")
+    ok = df["ttft_ms"].notna() & (df["ttft_ms"] > 0)
+    if "error" in df.columns:
+        ok &= df["error"].isna()
+    contended = flag_contended(df, max_foreign_cpu_share=max_foreign_cpu_share) & ok if drop_contended else pd.Series(False, index=df.index)
+    out = df.loc[ok & ~contended].reset_index(drop=True)
+    counts = {
+        "rows_total": int(len(df)),
+        "rows_failed": int((~ok).sum()),
+        "rows_contended": int(contended.sum()),
+        "rows_used": int(len(out)),
+        "prompts_used": int(out["prompt_id"].nunique()),
+    }
+    if out["prompt_id"].nunique() < 10:
+        raise ValueError(
+            f"{where}: only {out['prompt_id'].nunique()} distinct prompts with a usable TTFT "
+            f"({counts['rows_failed']} failed, {counts['rows_contended']} contended rows left out); "
+            "fitting needs at least 10 (run a larger profile)"
+        )
+    return out, counts
+
+
+def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    """R², MAPE (a fraction: 0.05 is 5%) and the p50/p95 absolute error in ms."""
+    abs_err = np.abs(np.asarray(y_pred) - np.asarray(y_true))
+    return {
+        "r2": float(r2_score(y_true, y_pred)),
+        "mape": float(mean_absolute_percentage_error(y_true, y_pred)),
+        "p50_abs_err_ms": float(np.percentile(abs_err, 50)),
+        "p95_abs_err_ms": float(np.percentile(abs_err, 95)),
+        "n": int(len(abs_err)),
+    }
+
+
+def is_monotonic_in_uncached(estimator: Any, X: np.ndarray, *, n_grid: int = 40, n_rows: int = 40, seed: int = 0) -> bool:
+    """Do predictions never decrease as uncached tokens grow over the range seen in ``X``?
+
+    Checked on a grid of uncached-token values for up to ``n_rows`` measured rows (the
+    other columns held at each row's values). A tolerance of 0.01 ms absorbs rounding.
+    """
+    col = MODEL_FEATURES.index("uncached_tokens")
+    grid = np.linspace(X[:, col].min(), X[:, col].max(), n_grid)
+    rng = np.random.default_rng(seed)
+    rows = X[rng.choice(len(X), size=min(n_rows, len(X)), replace=False)]
+    for row in rows:
+        probe = np.repeat(row[None, :], n_grid, axis=0)
+        probe[:, col] = grid
+        if np.any(np.diff(estimator.predict(probe)) < -0.01):
+            return False
+    return True
+
+
+@dataclass
+class FitResult:
+    """Everything model selection learned. ``estimator`` is the winner, fitted."""
+
+    chosen: str
+    estimator: Any
+    cv: dict[str, dict[str, float]]
+    """Per candidate: mean cross-validated scores on the training prompts."""
+    heldout: dict[str, dict[str, float]]
+    """Per candidate: scores on held-out prompts, fitted on the training prompts."""
+    monotonic: dict[str, bool]
+    train_groups: list[str]
+    test_groups: list[str]
+    heldout_predictions: pd.DataFrame
+    """Held-out rows with one ``pred_<candidate>`` column per candidate."""
+    fitted: dict[str, Any] = field(default_factory=dict)
+    """Every candidate fitted on the training prompts (for plots)."""
+    refit_on_all: bool = True
+    rows: dict[str, int] = field(default_factory=dict)
+    """Row counts: total, failed, contended (left out), used."""
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen,
+            "cv": self.cv,
+            "heldout": self.heldout,
+            "monotonic": self.monotonic,
+            "n_train_prompts": len(self.train_groups),
+            "n_test_prompts": len(self.test_groups),
+            "refit_on_all": self.refit_on_all,
+            "rows": self.rows,
+        }
+
+
+def _xy(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    return df[list(MODEL_FEATURES)].to_numpy(dtype=np.float64), df["ttft_ms"].to_numpy(dtype=np.float64)
+
+
+def fit_models(
+    df: pd.DataFrame,
+    *,
+    test_size: float = 0.2,
+    n_splits: int = 5,
+    seed: int = 0,
+    candidates: dict[str, Any] | None = None,
+    refit_on_all: bool = True,
+    drop_contended: bool = True,
+) -> FitResult:
+    """Compare the candidates and return the winner.
+
+    Args:
+        df: measurement rows (see ``check_frame``).
+        test_size: share of prompts held out for the final scores.
+        n_splits: folds of grouped cross-validation on the training prompts.
+        candidates: name -> unfitted estimator; default ``candidate_estimators()``.
+        refit_on_all: refit the winner on every row (train and held-out) before
+            returning it; the held-out scores describe the same specification fitted
+            on the training prompts only.
+        drop_contended: leave out rows measured under CPU contention.
+    """
+    df, counts = check_frame(df, drop_contended=drop_contended)
+    candidates = candidate_estimators(seed=seed) if candidates is None else candidates
+    # One OpenMP thread: the data are small, and on a shared 2-core machine the tree
+    # ensemble's default thread pool oversubscribes the CPU (100x slower under load).
+    with threadpool_limits(1):
+        result = _fit_models(df, candidates, test_size=test_size, n_splits=n_splits, seed=seed, refit_on_all=refit_on_all)
+    result.rows = counts
+    return result
+
+
+def _fit_models(
+    df: pd.DataFrame, candidates: dict[str, Any], *, test_size: float, n_splits: int, seed: int, refit_on_all: bool
+) -> FitResult:
+    groups = df["prompt_id"].astype(str).to_numpy()
+    train_idx, test_idx = next(GroupShuffleSplit(n_splits=1, test_size=test_size, random_state=seed).split(df, groups=groups))
+    train, test = df.iloc[train_idx], df.iloc[test_idx].copy()
+    X_train, y_train = _xy(train)
+    X_test, y_test = _xy(test)
+    folds = min(n_splits, len(set(groups[train_idx])))
+
+    cv: dict[str, dict[str, float]] = {}
+    heldout: dict[str, dict[str, float]] = {}
+    monotonic: dict[str, bool] = {}
+    fitted: dict[str, Any] = {}
+    for name, est in candidates.items():
+        fold_scores = []
+        splitter = GroupKFold(n_splits=folds, shuffle=True, random_state=seed)
+        for a, b in splitter.split(X_train, y_train, groups=groups[train_idx]):
+            model = clone(est).fit(X_train[a], y_train[a])
+            fold_scores.append(score(y_train[b], model.predict(X_train[b])))
+        cv[name] = {k: float(np.mean([s[k] for s in fold_scores])) for k in fold_scores[0]}
+        model = clone(est).fit(X_train, y_train)
+        fitted[name] = model
+        pred = model.predict(X_test)
+        heldout[name] = score(y_test, pred)
+        test[f"pred_{name}"] = pred
+        monotonic[name] = is_monotonic_in_uncached(model, X_train, seed=seed)
+
+    eligible = [n for n in candidates if monotonic[n]] or list(candidates)
+    chosen = min(eligible, key=lambda n: cv[n]["mape"])
+    if refit_on_all:
+        X_all, y_all = _xy(df)
+        estimator = clone(candidates[chosen]).fit(X_all, y_all)
+    else:
+        estimator = fitted[chosen]
+    return FitResult(
+        chosen=chosen,
+        estimator=estimator,
+        cv=cv,
+        heldout=heldout,
+        monotonic=monotonic,
+        train_groups=sorted(set(groups[train_idx])),
+        test_groups=sorted(set(groups[test_idx])),
+        heldout_predictions=test.reset_index(drop=True),
+        fitted=fitted,
+        refit_on_all=refit_on_all,
+    )
+
+
+def engine_rows(df: pd.DataFrame, engine_key: str | None = None, *, where: str = "profiles") -> pd.DataFrame:
+    """The rows of one engine identity.
+
+    Args:
+        engine_key: the identity to keep; None: the frame must hold exactly one.
+
+    Raises:
+        ValueError: no identity columns, an unknown key, or several identities and no key.
+    """
+    if "engine_key" not in df.columns:
+        raise ValueError(f"{where}: no engine_key column; these are not TTFT profile rows")
+    keys = sorted(df["engine_key"].dropna().unique())
+    if engine_key is None:
+        if len(keys) != 1:
+            raise ValueError(f"{where}: rows from {len(keys)} engine identities {keys}; choose one with --engine-key")
+        engine_key = keys[0]
+    if engine_key not in keys:
+        raise ValueError(f"{where}: no rows for engine_key {engine_key!r} (present: {keys})")
+    return df[df["engine_key"] == engine_key].reset_index(drop=True)
+
+
+def identity_of(df: pd.DataFrame) -> "EngineIdentity":
+    """The engine identity stamped on profile rows (they must all share it)."""
+    from promptdistill.engine.base import EngineIdentity
+
+    rows = engine_rows(df)
+    values = {k: rows[f"engine_{k}"].iloc[0] for k in EngineIdentity.__dataclass_fields__}
+    return EngineIdentity.from_dict({k: v.item() if hasattr(v, "item") else v for k, v in values.items()})

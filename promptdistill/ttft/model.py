@@ -1,0 +1,379 @@
+"""``TTFTModel``: a fitted TTFT predictor stamped with the engine it was fitted on.
+
+Persistence never executes code on load:
+
+* monomial models (linear, polynomial) are one JSON file, ``model.json``, holding the
+  terms, coefficients and intercept; predictions after loading are bit-identical;
+* the tree ensemble is ``estimator.skops`` (skops' safe format, loaded with an explicit
+  allowlist of types) next to ``model.json``, whose sha256 the JSON records.
+
+No pickle, no joblib. ``to_files()``/``from_files()`` give the same artifact as a
+``{filename: bytes}`` dict for generic artifact stores.
+
+A model answers for one engine identity (model, backend, dtype, context length,
+hardware, engine version). ``predict(..., engine_identity=other)`` raises
+``ModelIdentityError``; ``allow_other_engine=True`` downgrades that to a loud warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+from threadpoolctl import threadpool_limits
+
+from promptdistill.engine.base import EngineIdentity, canonical_json
+from promptdistill.errors import IntegrityError, ModelIdentityError
+from promptdistill.ttft.estimators import MODEL_FEATURES, MonomialRegressor
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "TTFTModel", "feature_row"]
+
+FORMAT = "promptdistill.ttft-model"
+FORMAT_VERSION = 1
+_JSON = "model.json"
+_SKOPS = "estimator.skops"
+_LATEST = "LATEST"
+
+# Types skops does not trust by default that a stored tree ensemble may contain; any
+# other untrusted type in an estimator file is refused before loading.
+_SKOPS_ALLOWED = frozenset(
+    {
+        "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
+        "sklearn.ensemble._hist_gradient_boosting.binning._BinMapper",
+        "sklearn._loss.loss.HalfSquaredError",
+        "sklearn._loss.link.IdentityLink",
+        "sklearn._loss.link.Interval",
+    }
+)
+
+
+def feature_row(features: Mapping[str, Any]) -> list[float]:
+    """The model's feature vector from a features dict.
+
+    ``uncached_tokens`` may be omitted when ``total_tokens`` and ``cached_tokens`` are
+    given (it is their difference). ``cached_tokens`` is required: a cold prompt has 0,
+    a warm one the tokens its static prefix gets from the cache.
+
+    Raises:
+        KeyError: naming the missing feature.
+    """
+    values = dict(features)
+    if "uncached_tokens" not in values and "total_tokens" in values and "cached_tokens" in values:
+        values["uncached_tokens"] = values["total_tokens"] - values["cached_tokens"]
+    missing = [name for name in MODEL_FEATURES if name not in values or values[name] is None]
+    if missing:
+        raise KeyError(
+            f"features: missing {missing}; a TTFT prediction needs {list(MODEL_FEATURES)} "
+            "(uncached_tokens may be given as total_tokens and cached_tokens)"
+        )
+    return [float(values[name]) for name in MODEL_FEATURES]
+
+
+@dataclass
+class TTFTModel:
+    """A fitted estimator plus what it was fitted on and how well it predicts.
+
+    Example:
+        >>> model = TTFTModel.load("artifacts/ttft/models")            # doctest: +SKIP
+        >>> model.predict({"uncached_tokens": 400, "cached_tokens": 0, "fewshot_count": 2,
+        ...                "semantic_density": 0.5, "entropy_bits": 9.1},
+        ...               engine_identity=engine.identity)              # doctest: +SKIP
+        612.4
+    """
+
+    estimator: Any
+    kind: str
+    """'monomial' (JSON) or 'hgb' (skops)."""
+    name: str
+    """The candidate's name in model selection, e.g. 'linear' or 'hgb'."""
+    engine_identity: EngineIdentity
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Model-selection summary: chosen model, CV and held-out scores per candidate."""
+    training: dict[str, Any] = field(default_factory=dict)
+    """What the data covered: rows, prompts, feature ranges, profile file."""
+    features: tuple[str, ...] = MODEL_FEATURES
+    fitted_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    _blob: bytes | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_fit(cls, fit: Any, df: pd.DataFrame, *, sources: Iterable[str] = ()) -> "TTFTModel":
+        """Wrap a ``fit_models`` result, stamped with the identity of the rows it was fitted on."""
+        from promptdistill.ttft.fit import identity_of
+
+        rows = df  # every profiled row: ranges and the cache block describe what was measured
+        cached = rows.loc[rows["cached_tokens"] > 0, "cached_tokens"].astype(int) if "cached_tokens" in rows else []
+        training = {
+            "rows": fit.rows,
+            # Prefix caches hold whole blocks: the block size is the gcd of the cached counts seen.
+            "cache_block_tokens": int(np.gcd.reduce(cached.to_numpy())) if len(cached) else None,
+            "runs": sorted(str(r) for r in rows["run_id"].unique()) if "run_id" in rows else [],
+            "sources": list(sources),
+            "ranges": {
+                name: [float(rows[name].min()), float(rows[name].max())] for name in MODEL_FEATURES if name in rows
+            },
+        }
+        return cls(
+            estimator=fit.estimator,
+            kind="monomial" if isinstance(fit.estimator, MonomialRegressor) else "hgb",
+            name=fit.chosen,
+            engine_identity=identity_of(rows),
+            metrics=fit.summary(),
+            training=training,
+        )
+
+    def cache_features(self, features: Mapping[str, Any], *, warm: bool) -> dict[str, Any]:
+        """``features`` with ``cached_tokens``/``uncached_tokens`` set for a cold or warm cache.
+
+        Warm: the static prefix (``static_prefix_tokens``, from ``promptdistill.features``)
+        is in the cache, rounded down to whole cache blocks of the size seen while
+        profiling (no rounding if no warm rows were profiled).
+        """
+        out = dict(features)
+        cached = 0
+        if warm:
+            block = self.training.get("cache_block_tokens") or 1
+            cached = int(out["static_prefix_tokens"]) // block * block
+        out["cached_tokens"] = cached
+        out["uncached_tokens"] = int(out["total_tokens"]) - cached
+        return out
+
+    # -- prediction -----------------------------------------------------------------
+
+    def check_engine(self, engine_identity: EngineIdentity | None, *, allow_other_engine: bool = False) -> None:
+        """Raise ModelIdentityError (or warn) when ``engine_identity`` is not the fitted one."""
+        if engine_identity is None or engine_identity.key() == self.engine_identity.key():
+            return
+        mine, theirs = self.engine_identity.to_dict(), engine_identity.to_dict()
+        diff = ", ".join(f"{k}: fitted on {mine[k]!r}, asked for {theirs[k]!r}" for k in mine if mine[k] != theirs[k])
+        message = (
+            f"TTFT model {self.version} was fitted on engine {self.engine_identity.key()} and is asked to "
+            f"predict for engine {engine_identity.key()} ({diff}); profile and fit on this engine "
+            "(`promptdistill ttft profile` then `promptdistill ttft fit`)"
+        )
+        if not allow_other_engine:
+            raise ModelIdentityError(message)
+        warnings.warn(f"PREDICTING FOR ANOTHER ENGINE: {message}", UserWarning, stacklevel=3)
+
+    def predict(
+        self,
+        features: Mapping[str, Any],
+        *,
+        engine_identity: EngineIdentity | None = None,
+        allow_other_engine: bool = False,
+    ) -> float:
+        """Predicted TTFT in milliseconds for one prompt's features.
+
+        Pass the engine you predict for as ``engine_identity``: a model fitted on another
+        engine then raises ``ModelIdentityError`` (or warns, with ``allow_other_engine``).
+        """
+        return float(
+            self.predict_many([features], engine_identity=engine_identity, allow_other_engine=allow_other_engine)[0]
+        )
+
+    def predict_many(
+        self,
+        features: Iterable[Mapping[str, Any]],
+        *,
+        engine_identity: EngineIdentity | None = None,
+        allow_other_engine: bool = False,
+    ) -> np.ndarray:
+        """Predicted TTFT in milliseconds for each features dict."""
+        self.check_engine(engine_identity, allow_other_engine=allow_other_engine)
+        rows = [feature_row(f) for f in features]
+        if not rows:
+            return np.zeros(0)
+        with threadpool_limits(1):  # tiny inputs: threads only add contention
+            return np.asarray(self.estimator.predict(np.asarray(rows)), dtype=np.float64)
+
+    def predict_frame(
+        self,
+        df: pd.DataFrame,
+        *,
+        engine_identity: EngineIdentity | None = None,
+        allow_other_engine: bool = False,
+    ) -> np.ndarray:
+        """Predicted TTFT in milliseconds for each row of a features frame."""
+        return self.predict_many(df.to_dict("records"), engine_identity=engine_identity, allow_other_engine=allow_other_engine)
+
+    # -- persistence ------------------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        """A content id: fitted time plus a hash of the fitted state."""
+        digest = hashlib.sha256(canonical_json(self._state()).encode()).hexdigest()[:10]
+        stamp = self.fitted_at.replace("-", "").replace(":", "").replace("+0000", "Z").replace("+00:00", "Z")
+        return f"{stamp}-{digest}"
+
+    def _state(self) -> dict[str, Any]:
+        if self.kind == "monomial":
+            return self.estimator.get_state()
+        return {"skops_sha256": hashlib.sha256(self._skops_bytes()).hexdigest()}
+
+    def _skops_bytes(self) -> bytes:
+        # skops archives carry timestamps: dump once so the hash and version stay stable.
+        if self._blob is None:
+            import skops.io as sio
+
+            self._blob = sio.dumps(self.estimator)
+        return self._blob
+
+    def to_files(self) -> dict[str, bytes]:
+        """The artifact as ``{filename: bytes}``: model.json (+ estimator.skops)."""
+        files: dict[str, bytes] = {}
+        meta: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "kind": self.kind,
+            "features": list(self.features),
+            "engine_identity": self.engine_identity.to_dict(),
+            "engine_key": self.engine_identity.key(),
+            "fitted_at": self.fitted_at,
+            "metrics": self.metrics,
+            "training": self.training,
+        }
+        if self.kind == "monomial":
+            meta["estimator"] = self.estimator.get_state()
+        elif self.kind == "hgb":
+            blob = self._skops_bytes()
+            files[_SKOPS] = blob
+            meta["estimator"] = {"file": _SKOPS, "sha256": hashlib.sha256(blob).hexdigest()}
+        else:
+            raise ValueError(f"unknown model kind {self.kind!r}")
+        meta["version"] = self.version
+        files[_JSON] = (json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+        return files
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, bytes], *, source: str = "artifact") -> "TTFTModel":
+        """Rebuild a model from ``to_files()`` output.
+
+        Raises:
+            IntegrityError: a file is missing, malformed, of another format, or its hash
+                does not match, or the skops file holds a type outside the allowlist.
+        """
+        if _JSON not in files:
+            raise IntegrityError(f"{source}: no {_JSON} in the TTFT model artifact")
+        try:
+            meta = json.loads(files[_JSON])
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise IntegrityError(f"{source}/{_JSON}: not valid JSON: {e}") from None
+        if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+            raise IntegrityError(
+                f"{source}/{_JSON}: format is {meta.get('format')!r} v{meta.get('format_version')!r}, "
+                f"expected {FORMAT!r} v{FORMAT_VERSION}"
+            )
+        if tuple(meta["features"]) != MODEL_FEATURES:
+            raise IntegrityError(f"{source}/{_JSON}: features {meta['features']} differ from {list(MODEL_FEATURES)}")
+        kind = meta["kind"]
+        blob = None
+        if kind == "monomial":
+            try:
+                estimator = MonomialRegressor.from_state(meta["estimator"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise IntegrityError(f"{source}/{_JSON}: estimator: {e}") from None
+        elif kind == "hgb":
+            estimator, blob = _load_skops(files, meta["estimator"], source)
+        else:
+            raise IntegrityError(f"{source}/{_JSON}: kind: unknown model kind {kind!r}")
+        model = cls(
+            estimator=estimator,
+            kind=kind,
+            name=meta["name"],
+            engine_identity=EngineIdentity.from_dict(meta["engine_identity"]),
+            metrics=meta.get("metrics", {}),
+            training=meta.get("training", {}),
+            fitted_at=meta["fitted_at"],
+            _blob=blob,
+        )
+        if model.engine_identity.key() != meta.get("engine_key"):
+            raise IntegrityError(f"{source}/{_JSON}: engine_key does not match engine_identity")
+        if model.version != meta.get("version"):
+            raise IntegrityError(f"{source}/{_JSON}: version {meta.get('version')!r} does not match its content")
+        return model
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the artifact into the folder ``path`` atomically (temp folder, rename)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            for name, blob in self.to_files().items():
+                (tmp / name).write_bytes(blob)
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    def save_versioned(self, root: str | os.PathLike[str]) -> Path:
+        """Save into ``root/<version>/`` and point ``root/LATEST`` at it."""
+        root = Path(root)
+        path = self.save(root / self.version)
+        pointer = root / f".{_LATEST}.tmp"
+        pointer.write_text(self.version + "\n")
+        os.replace(pointer, root / _LATEST)
+        return path
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        engine_identity: EngineIdentity | None = None,
+        allow_other_engine: bool = False,
+    ) -> "TTFTModel":
+        """Load from a model folder, or from a root with a ``LATEST`` pointer.
+
+        With ``engine_identity``, refuse (or warn about) a model fitted on another engine.
+        """
+        folder = Path(path)
+        if (folder / _LATEST).is_file() and not (folder / _JSON).is_file():
+            folder = folder / (folder / _LATEST).read_text().strip()
+        if not (folder / _JSON).is_file():
+            raise IntegrityError(f"{folder}: no TTFT model here (expected {_JSON} or a {_LATEST} pointer)")
+        files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name in (_JSON, _SKOPS)}
+        model = cls.from_files(files, source=str(folder))
+        model.check_engine(engine_identity, allow_other_engine=allow_other_engine)
+        return model
+
+
+def _load_skops(files: Mapping[str, bytes], ref: Mapping[str, Any], source: str) -> tuple[Any, bytes]:
+    import skops.io as sio
+
+    name = ref.get("file", _SKOPS)
+    if name not in files:
+        raise IntegrityError(f"{source}: {name} is missing")
+    blob = files[name]
+    if hashlib.sha256(blob).hexdigest() != ref.get("sha256"):
+        raise IntegrityError(f"{source}/{name}: sha256 does not match the one recorded in {_JSON}")
+    untrusted = sio.get_untrusted_types(data=blob)
+    refused = sorted(set(untrusted) - _SKOPS_ALLOWED)
+    if refused:
+        raise IntegrityError(f"{source}/{name}: refusing to load types outside the allowlist: {refused}")
+    return sio.load(io.BytesIO(blob), trusted=list(untrusted)), blob
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

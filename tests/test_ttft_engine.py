@@ -1,0 +1,105 @@
+"""The TTFT profiler and models on the real engine (in-process vLLM, SmolLM2), small sweep."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from promptdistill.errors import ModelIdentityError
+from promptdistill.features import FEATURE_KEYS
+from promptdistill.specs import load_specs
+from promptdistill.ttft import MODEL_FEATURES, ProfileConfig, TTFTModel, fit_models, run_profile
+from promptdistill.ttft.profile import plan_prompts
+
+pytestmark = pytest.mark.engine
+
+# No waiting for a quiet CPU and no re-measuring here: the test checks the protocol, not
+# accuracy, and on a shared machine waiting and retries would make its cost unbounded.
+SMALL = ProfileConfig(
+    points=6, repeats=2, budget_s=1800, max_tokens=400, density_probe_tokens=(256,), spec_records=1, warmup=2,
+    max_retries=0, quiet_wait_s=0, seed=1,
+)
+
+
+@pytest.fixture(scope="module")
+def profile(engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("profiles")
+    return run_profile(engine, SMALL, out=out, progress=False)
+
+
+def test_profile_has_one_row_per_measurement_and_every_column(profile):
+    df = profile.frame
+    assert profile.stopped == "complete"
+    first_attempts = df[df["attempt"] == 0]
+    assert len(first_attempts) == profile.planned_units
+    # Every unit of every round was measured; retries only add rows.
+    assert first_attempts.groupby(["prompt_id", "warm"])["round"].nunique().eq(SMALL.repeats).all()
+    assert set(df["design"]) == {"sweep", "density_probe", "spec"}
+    assert df["spec"].nunique() == len(load_specs("prompts"))
+    expected = {*FEATURE_KEYS, "cached_tokens", "uncached_tokens", "ttft_ms", "e2e_ms", "prompt_id", "repeat", "warm",
+                "timestamp", "engine_key", "engine_backend", "engine_model", "cpu_wall_ratio", "foreign_cpu_share", "contended"}
+    assert expected <= set(df.columns)
+    assert df["error"].isna().all()
+    assert (df["ttft_ms"] > 0).all() and (df["e2e_ms"] >= df["ttft_ms"] - 1e-6).all()
+    assert (df["engine_backend"] == "vllm-local").all()
+    assert df["timestamp"].is_monotonic_increasing
+    # The order is interleaved: neither token count nor warm/cold runs in order.
+    assert not df["total_tokens"].is_monotonic_increasing and (df["warm"] != df["warm"].shift()).sum() > 2
+    on_disk = pd.read_parquet(profile.path)
+    assert len(on_disk) == len(df) and list(on_disk.columns) == list(df.columns)
+
+
+def test_cold_rows_had_no_cached_tokens_and_warm_rows_had_them(profile):
+    df = profile.frame
+    cold, warm = df[~df["warm"]], df[df["warm"]]
+    assert len(cold) and len(warm)
+    assert (cold["cached_tokens"] == 0).all()
+    assert (warm["cached_tokens"] > 0).all()
+    assert (warm["cached_tokens"] <= warm["static_prefix_tokens"]).all()
+    assert (df["uncached_tokens"] == df["total_tokens"] - df["cached_tokens"]).all()
+    # The features' token count is exactly what the engine ran.
+    assert (df["prompt_tokens"] == df["total_tokens"]).all()
+
+
+def test_fitted_model_is_monotonic_in_uncached_tokens_over_the_measured_range(profile, engine):
+    fit = fit_models(profile.frame, drop_contended=False, n_splits=3)
+    model = TTFTModel.from_fit(fit, profile.frame)
+    assert model.engine_identity == engine.identity
+    lo, hi = profile.frame["uncached_tokens"].min(), profile.frame["uncached_tokens"].max()
+    grid = np.linspace(lo, hi, 60)
+    for _, row in profile.frame.sample(20, random_state=0).iterrows():
+        features = [{**row[list(MODEL_FEATURES)].to_dict(), "uncached_tokens": u} for u in grid]
+        predicted = model.predict_many(features, engine_identity=engine.identity)
+        assert np.all(np.diff(predicted) >= -0.01)
+
+
+def test_saved_model_round_trips_exactly_and_other_engines_are_refused(profile, engine, tmp_path):
+    fit = fit_models(profile.frame, drop_contended=False, n_splits=3)
+    model = TTFTModel.from_fit(fit, profile.frame)
+    model.save_versioned(tmp_path)
+    loaded = TTFTModel.load(tmp_path, engine_identity=engine.identity)
+    assert np.array_equal(loaded.predict_frame(profile.frame), model.predict_frame(profile.frame))
+    assert json.loads((tmp_path / model.version / "model.json").read_text())["engine_key"] == engine.identity.key()
+
+    other = dataclasses.replace(model, engine_identity=dataclasses.replace(engine.identity, hardware="another machine"))
+    row = profile.frame.iloc[0].to_dict()
+    with pytest.raises(ModelIdentityError, match="hardware"):
+        other.predict(row, engine_identity=engine.identity)
+    other.save(tmp_path / "other")
+    with pytest.raises(ModelIdentityError):
+        TTFTModel.load(tmp_path / "other", engine_identity=engine.identity)
+
+
+def test_budget_stops_cleanly_and_keeps_what_was_measured(engine, tmp_path):
+    config = dataclasses.replace(SMALL, points=3, spec_records=0, density_probe_tokens=(), warmup=0, budget_s=5.0)
+    prompts = plan_prompts(engine, config)
+    ticks = itertools.count(0.0, 1.0)  # each clock reading advances one "second"
+    result = run_profile(engine, config, out=tmp_path / "p.parquet", progress=False, prompts=prompts, clock=lambda: next(ticks))
+    assert result.stopped == "budget"
+    assert 0 < len(result.frame) < result.planned_units
+    assert len(pd.read_parquet(tmp_path / "p.parquet")) == len(result.frame)
