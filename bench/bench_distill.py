@@ -1,0 +1,87 @@
+"""Instruction distillation on the bundled specs: what pruning and rewriting buy here.
+
+For each spec: instruction tokens before and after, dev and held-out test quality before
+and after, the judges' valid share, repairs and swap consistency, how often the
+necessity judge agreed with ablation, and (programmatic metrics) how often
+``answer_equivalence`` agreed with the metric, with the majority-class rate and kappa
+beside it. LM results are cached in the state dir, so a re-run costs no LM calls.
+
+Usage:
+    python -m bench.bench_distill [ticket_triage word_problems ...] [--budget-calls 600]
+        [--dev 24] [--test 24] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from bench.common import write_report  # noqa: E402
+from promptdistill.config import load_settings  # noqa: E402
+
+DEFAULT_SPECS = ("ticket_triage", "word_problems", "format_rules", "invoice_extraction", "summarize")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
+    parser.add_argument("--budget-calls", type=int, default=600)
+    parser.add_argument("--budget-minutes", type=float, default=20.0)
+    parser.add_argument("--dev", type=int, default=24)
+    parser.add_argument("--test", type=int, default=24)
+    parser.add_argument("--minibatch", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from promptdistill.cli.distill import format_result
+    from promptdistill.distill import DistillConfig, distill
+    from promptdistill.engine import load_engine
+    from promptdistill.lm_cache import CachedEngine
+    from promptdistill.specs import load_spec
+
+    settings = load_settings()
+    config = DistillConfig(seed=args.seed, max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes,
+                           dev_size=args.dev, test_size=args.test, minibatch_size=args.minibatch)
+    rows, judges = [], {}
+    with load_engine(settings.engine) as engine:
+        cached = CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
+        for name in args.specs:
+            spec = load_spec(name)
+            real_before = cached.real_calls
+            result = distill(cached, spec, config=config)
+            result.write(settings.state_dir / "distill" / f"{name}-seed{args.seed}.parquet")
+            print(f"\n===== {name}")
+            print(format_result(result))
+            row = result.summary()
+            row["real_lm_calls"] = cached.real_calls - real_before
+            row["calibration"] = result.calibration
+            rows.append(row)
+            judges[name] = result.judge_stats
+        cached.close()
+
+    lines = ["| spec | tokens | reduction | dev | test | judge/ablation agree | equivalence/metric agree (kappa) | search calls |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cal = r["calibration"] or {}
+        agree = "-" if cal.get("agreement_rate") is None else f"{cal['agreement_rate']:.2f} ({_f(cal.get('kappa'))})"
+        lines.append(
+            f"| {r['spec']} | {r['original_tokens']} -> {r['winner_tokens']} | {100 * r['token_reduction']:.0f}% | "
+            f"{_f(r['dev_original'])} -> {_f(r['dev_winner'])} | {_f(r['test_original'])} -> {_f(r['test_winner'])} | "
+            f"{_f(r['agreement_rate'])} | {agree} | {r['search_lm_calls']} |"
+        )
+    markdown = "\n".join(lines)
+    print("\n" + markdown)
+    write_report("distill", {"config": {k: getattr(config, k) for k in ("seed", "max_lm_calls", "dev_size", "test_size",
+                                                                         "minibatch_size", "max_rounds")},
+                             "specs": rows, "judges": judges}, markdown)
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""``promptdistill distill NAME``: distill a spec's instruction and print what happened.
+
+Prints the per-clause table (text, judge score, ablation delta, kept or pruned), the
+candidates, the winner with its token reduction and quality deltas, the judges'
+statistics and calibration, and writes everything to Parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("distill", help="prune and rewrite a spec's instruction; print clauses, candidates, winner")
+    p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
+    p.add_argument("--prompts-dir", default="prompts")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-calls", type=int, help="most LM calls for the search (default 300)")
+    p.add_argument("--budget-minutes", type=float, help="most minutes for the search (default 10)")
+    p.add_argument("--minibatch", type=int, help="dev records per minibatch (default 8)")
+    p.add_argument("--dev", type=int, help="dev records of the full rung (default 16)")
+    p.add_argument("--test", type=int, help="held-out test records (default 16)")
+    p.add_argument("--rounds", type=int, help="most rounds (default 2)")
+    p.add_argument("--no-ablation", action="store_true", help="score clauses with the judge only")
+    p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")
+    p.add_argument("--no-calibrate", action="store_true", help="skip the judge-vs-metric calibration")
+    p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")
+    p.add_argument("--out", help="Parquet file for the candidates (default: STATE_DIR/distill/NAME-seedN.parquet)")
+    p.set_defaults(func=_distill)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from promptdistill.distill import DistillConfig
+
+    changes = {
+        "seed": args.seed, "max_lm_calls": args.budget_calls, "max_minutes": args.budget_minutes,
+        "minibatch_size": args.minibatch, "dev_size": args.dev, "test_size": args.test, "max_rounds": args.rounds,
+    }
+    values = {k: v for k, v in changes.items() if v is not None}
+    values.update(ablation=not args.no_ablation, rewrite=not args.no_rewrite, calibrate=not args.no_calibrate)
+    try:
+        return DistillConfig(**values)
+    except ValueError as e:
+        from promptdistill.errors import ConfigError
+
+        raise ConfigError(f"distill: {e}") from None
+
+
+def _distill(args: argparse.Namespace) -> int:
+    from promptdistill.config import load_settings
+    from promptdistill.distill import distill
+    from promptdistill.engine import load_engine
+    from promptdistill.lm_cache import CachedEngine
+    from promptdistill.specs import load_spec
+
+    settings = load_settings(args.config)
+    spec = load_spec(args.name, prompts_dir=args.prompts_dir)
+    config = _config(args)
+    out = args.out or settings.state_dir / "distill" / f"{spec.name}-seed{config.seed}.parquet"
+    with load_engine(settings.engine) as engine:
+        lm = engine if args.no_cache else CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
+        print(f"distilling {spec.name} on {engine.identity.model} (budget {config.max_lm_calls} LM calls, "
+              f"{config.max_minutes:g} min; dev {config.dev_size}, minibatch {config.minibatch_size}, "
+              f"test {config.test_size})", file=sys.stderr)
+        result = distill(lm, spec, config=config)
+        if isinstance(lm, CachedEngine):
+            print(f"LM cache: {lm.real_calls} real calls, {lm.cache_hits} cache hits", file=sys.stderr)
+            lm.close()
+    path = result.write(out)
+    print(format_result(result))
+    print(f"\nwritten: {path}")
+    return 0
+
+
+def _cut(text: str | None, width: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _num(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_result(result: Any) -> str:
+    """The report ``promptdistill distill`` prints."""
+    lines = ["", "Clauses"]
+    lines.append(f"  {'rnd':>3} {'id':<4} {'prot':<4} {'judge':>5} {'ablation':>8} {'kept':<6} text")
+    for r in result.clause_rows:
+        judge = str(r["judge_score"]) if r["judge_score"] is not None else ("inv" if r["judge_error"] else "-")
+        lines.append(f"  {r['round']:>3} {r['clause_id']:<4} {'P' if r['protected'] else '':<4} {judge:>5} "
+                     f"{_num(r['ablation_delta'], '+.3f'):>8} {'kept' if r['kept'] else 'pruned':<6} {_cut(r['text'], 70)}")
+    lines += ["", "Candidates"]
+    lines.append(f"  {'id':<34} {'tokens':>6} {'density':>7} {'rung':>4} {'n':>3} {'mean':>6} {'feas':<4} {'calls':>5}")
+    for r in result.candidate_rows():
+        mark = " <- winner" if r["winner"] else ""
+        lines.append(f"  {_cut(r['candidate_id'], 34):<34} {r['instruction_tokens']:>6} {_num(r['density'], '.2f'):>7} "
+                     f"{r['rung']:>4} {r['n_evaluated']:>3} {_num(r['dev_mean']):>6} {'yes' if r['feasible'] else 'no':<4} "
+                     f"{r['lm_calls']:>5}{mark}")
+    s = result.summary()
+    lines += [
+        "",
+        f"Winner: {result.winner.id}",
+        f"  instruction tokens {s['original_tokens']} -> {s['winner_tokens']} "
+        f"({100 * s['token_reduction']:.1f}% fewer)",
+        f"  dev quality  {_num(s['dev_original'])} -> {_num(s['dev_winner'])} (delta {_num(s['dev_delta'], '+.3f')}; "
+        f"allowed drop {result.max_quality_drop:g})",
+        f"  test quality {_num(s['test_original'])} -> {_num(s['test_winner'])} (delta {_num(s['test_delta'], '+.3f')}; "
+        f"{len(result.test.get('original').record_ids) if result.test else 0} held-out records)",
+        f"  judge/ablation agreement on necessary clauses: {_num(s['agreement_rate'], '.2f')}",
+        f"  rounds {s['rounds']}, stopped: {s['stop_reason']}",
+        f"  LM calls: search {s['search_lm_calls']} of {s['budget_lm_calls']}, total {s['total_lm_calls']}; "
+        f"{s['elapsed_s']:.0f} s",
+        "", "Winner text:", *["  " + line for line in result.winner.text.splitlines()],
+        "", "Judges",
+        f"  {'judge':<20} {'items':>5} {'calls':>5} {'valid':>6} {'repairs':>7} {'swap':>5} {'prompt_tok':>10} {'compl_tok':>9}",
+    ]
+    for j in result.judge_stats:
+        lines.append(f"  {j['judge']:<20} {j['items']:>5} {j['calls']:>5} {_num(j['valid_share'], '.2f'):>6} "
+                     f"{j['repairs']:>7} {_num(j['swap_consistency'], '.2f'):>5} {j['prompt_tokens']:>10} "
+                     f"{j['completion_tokens']:>9}")
+    cal = result.calibration
+    if cal:
+        flag = "  BELOW A COIN FLIP" if cal.get("below_coin_flip") else ""
+        lines += ["", "Calibration of answer_equivalence against the metric (baseline dev replies vs expected)",
+                  f"  agreement {_num(cal['agreement_rate'], '.2f')} on {cal['n_valid']} of {cal['n']} records "
+                  f"(majority-class rate {_num(cal['majority_rate'], '.2f')}, kappa {_num(cal['kappa'], '+.2f')}, "
+                  f"swap consistency {_num(cal['swap_consistency'], '.2f')}){flag}"]
+    return "\n".join(lines)

@@ -1,0 +1,174 @@
+"""The shared evaluator: one batch, one rendering path, metric or judge scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeEngine
+from promptdistill.clauses import apply_clauses, split_clauses
+from promptdistill.evaluate import evaluate, evaluate_many
+from promptdistill.judge_runner import JudgeRunner
+from promptdistill.specs import load_spec as _load_spec
+from promptdistill.specs import spec_messages
+
+PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+
+
+def load_spec(name):
+    return _load_spec(name, prompts_dir=PROMPTS)
+
+
+RECORDS = [
+    {"id": "r1", "inputs": {"ticket": "I was charged twice"}, "expected": {"label": "billing"}},
+    {"id": "r2", "inputs": {"ticket": "The app crashes"}, "expected": {"label": "technical"}},
+    {"id": "r3", "inputs": {"ticket": "Parcel is lost"}, "expected": {"label": "shipping"}},
+]
+
+
+def label_engine(label_for):
+    return FakeEngine(lambda req: json.dumps({"label": label_for(req.chat()[-1]["content"])}))
+
+
+def test_one_batch_per_evaluation_with_scores_in_record_order():
+    spec = load_spec("ticket_triage")
+    fake = label_engine(lambda user: "billing" if "charged" in user else "technical")
+    report = evaluate(fake, spec, RECORDS)
+    assert fake.batches == [3]
+    assert report.record_ids == ["r1", "r2", "r3"]
+    assert report.scores == [1.0, 1.0, 0.0]
+    assert report.mean == pytest.approx(2 / 3)
+    assert report.valid_json_rate == 1.0
+    assert (report.generation_calls, report.judge_calls, report.lm_calls) == (3, 0, 3)
+    assert report.completion_tokens > 0 and report.prompt_tokens > 0
+
+
+def test_requests_are_rendered_by_spec_messages_and_constrained():
+    spec = load_spec("ticket_triage")
+    seen = []
+    fake = FakeEngine(lambda req: seen.append(req) or '{"label": "billing"}')
+    examples = [{"id": "x", "inputs": {"ticket": "refund please"}, "expected": {"label": "billing"}}]
+    evaluate(fake, spec, RECORDS[:1], examples=examples, seed=7)
+    assert seen[0].chat() == spec_messages(spec, RECORDS[0]["inputs"], examples=examples)
+    assert seen[0].schema == spec.output_schema and seen[0].seed == 7 and seen[0].temperature == 0.0
+    assert seen[0].max_tokens == spec.max_tokens
+    evaluate(fake, spec, RECORDS[:1], constrained=False, max_tokens=5)
+    assert seen[1].json_schema is None and seen[1].max_tokens == 5
+
+
+def test_invalid_replies_score_zero_and_lower_the_valid_rate():
+    spec = load_spec("ticket_triage")
+    fake = FakeEngine(lambda req: "billing, I think")
+    report = evaluate(fake, spec, RECORDS[:2], constrained=False)
+    assert report.valid == [False, False] and report.valid_json_rate == 0.0
+    assert report.scores == [0.0, 0.0]
+
+
+def test_evaluate_many_puts_every_spec_in_one_batch():
+    spec = load_spec("ticket_triage")
+    clauses = split_clauses(spec)
+    short = apply_clauses(spec, [], all_clauses=clauses)
+    fake = label_engine(lambda user: "billing")
+    reports = evaluate_many(fake, [spec, short], RECORDS)
+    assert fake.batches == [6]
+    assert [r.mean for r in reports] == [pytest.approx(1 / 3)] * 2
+
+
+def test_judge_rubric_specs_are_scored_by_the_rubric_judge():
+    spec = load_spec("summarize")
+    records = [{"id": "s1", "inputs": {"notes": "We chose Berlin."}, "expected": {"summary": "Berlin."}}] * 2
+
+    def reply(req):
+        props = req.schema["properties"]
+        if "summary" in props:
+            return json.dumps({"summary": "Berlin was chosen.", "key_points": ["a", "b"], "confidence_score": 0.5})
+        return json.dumps({"score": 4}) if "Berlin was chosen" in req.chat()[-1]["content"] else "oops"
+
+    fake = FakeEngine(reply)
+    report = evaluate(fake, spec, records)
+    assert report.scores == [0.75, 0.75]  # (4 - 1) / 4
+    assert report.generation_calls == 2 and report.judge_calls == 2
+    assert fake.batches == [2, 2]
+
+
+def test_a_judge_that_stays_invalid_leaves_the_record_unscored():
+    spec = load_spec("summarize")
+    records = [{"id": "s1", "inputs": {"notes": "n"}, "expected": {"summary": "x"}}]
+
+    def reply(req):
+        if "summary" in req.schema["properties"]:
+            return json.dumps({"summary": "s", "key_points": ["a", "b"], "confidence_score": 0.5})
+        return "garbage"
+
+    runner = JudgeRunner(FakeEngine(reply))
+    report = evaluate(FakeEngine(reply), spec, records, judge_runner=runner)
+    assert report.scores == [None] and report.mean is None and report.n_scored == 0
+    assert report.judge_calls == 2 and runner.stats["rubric_score"].invalid == 1
+
+
+def test_baseline_replies_are_compared_in_both_orders():
+    spec = load_spec("ticket_triage")
+
+    def reply(req):
+        if "verdict" in (req.schema or {}).get("properties", {}):
+            return json.dumps({"verdict": "same"})
+        return json.dumps({"label": "billing"})
+
+    fake = FakeEngine(reply)
+    report = evaluate(fake, spec, RECORDS, baseline_replies=['{"label": "billing"}'] * 3)
+    assert report.equivalence == [0.5, 0.5, 0.5] and report.equivalence_mean == 0.5
+    assert report.judge_calls == 6 and fake.batches == [3, 6]
+    with pytest.raises(ValueError, match="baseline_replies"):
+        evaluate(fake, spec, RECORDS, baseline_replies=["x"])
+
+
+def test_merged_reports_concatenate():
+    spec = load_spec("ticket_triage")
+    fake = label_engine(lambda user: "billing")
+    a, b = evaluate(fake, spec, RECORDS[:1]), evaluate(fake, spec, RECORDS[1:])
+    merged = a.merged(b)
+    assert merged.record_ids == ["r1", "r2", "r3"] and merged.lm_calls == 3
+    assert merged.mean == pytest.approx(1 / 3)
+
+
+# --- the real engine ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slug_records():
+    from promptdistill.distill import DistillConfig, split_records
+
+    dev, _, examples = split_records(load_spec("format_rules"), DistillConfig(dev_size=16, seed=0))
+    return dev, examples
+
+
+@pytest.mark.engine
+def test_real_engine_evaluation_is_one_batch_with_valid_json(engine, slug_records):
+    spec = load_spec("ticket_triage")
+    report = evaluate(engine, spec, RECORDS)
+    assert report.n == 3 and report.generation_calls == 3
+    assert all(s in (0.0, 1.0) for s in report.scores)
+    assert report.valid_json_rate == 1.0  # constrained decoding
+    assert all(json.loads(r)["label"] in ("billing", "technical", "account", "shipping") for r in report.replies)
+
+
+@pytest.mark.engine
+def test_real_engine_catches_a_candidate_that_drops_a_required_output_rule(engine, slug_records):
+    """format_rules without its lowercase/digits/hyphen rule: the slug metric's pattern
+    catches the worse slugs and the candidate is not feasible."""
+    from promptdistill.distill_search import Candidate, is_feasible, select_winner
+
+    spec = load_spec("format_rules")
+    clauses = split_clauses(spec)
+    rule = next(c for c in clauses if c.text.startswith("Use only lowercase letters"))
+    without = apply_clauses(spec, [c.id for c in clauses if c.id != rule.id], all_clauses=clauses)
+    assert rule.text not in without.instruction_text()
+    dev, examples = slug_records
+    base_report, cand_report = evaluate_many(engine, [spec, without], dev, examples=examples)
+    assert cand_report.mean < base_report.mean - spec.slo.max_quality_drop
+    base = Candidate("base", "baseline", 0, spec, 300, report=base_report)
+    cand = Candidate("cand", "prune:x", 1, without, 250, report=cand_report)
+    assert not is_feasible(cand, base_report.scores, spec.slo.max_quality_drop)
+    assert select_winner(base, [cand], base_report.scores, spec.slo.max_quality_drop) is base
