@@ -1,0 +1,94 @@
+"""The optimizer on the bundled specs: what it costs and what it picks.
+
+For each spec: minutes and LM calls (and how many the cache could not answer), the
+candidates searched and how far successive halving took them, the winner (or why the
+baseline was kept), dev/test quality of baseline and winner, predicted vs measured TTFT
+cold and warm, the valid-JSON rate of free text / schema in the prompt / constrained
+decoding, and the token budget. Instruction variants come from the distiller's tables
+in the state dir when present. This is how the nightly budget is sized: the nightly
+flow runs every spec, and the target is about 20-30 minutes for all of them.
+
+Usage:
+    python -m bench.bench_optimize [ticket_triage ...] [--budget-calls 1200] [--budget-minutes 8]
+        [--ttft-model artifacts/ttft/models] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from bench.common import write_report  # noqa: E402
+from promptdistill.config import load_settings  # noqa: E402
+
+DEFAULT_SPECS = ("ticket_triage", "word_problems", "format_rules", "invoice_extraction", "summarize")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
+    parser.add_argument("--budget-calls", type=int, default=1200)
+    parser.add_argument("--budget-minutes", type=float, default=8.0)
+    parser.add_argument("--ttft-model", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from promptdistill.cli.optimize import find_ttft_model
+    from promptdistill.engine import load_engine
+    from promptdistill.lm_cache import CachedEngine
+    from promptdistill.optimize import OptimizeBudget, optimize, variants_from_parquet
+    from promptdistill.specs import load_spec
+    from promptdistill.ttft.model import TTFTModel
+
+    settings = load_settings()
+    budget = OptimizeBudget(max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes)
+    rows = []
+    with load_engine(settings.engine) as engine:
+        model = TTFTModel.load(find_ttft_model(args.ttft_model, settings.state_dir), engine_identity=engine.identity)
+        for name in args.specs:
+            spec = load_spec(name)
+            distilled = settings.state_dir / "distill" / f"{name}-seed{args.seed}.parquet"
+            variants = variants_from_parquet(spec, distilled) if distilled.is_file() else None
+            cached = CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
+            try:
+                result = optimize(cached, spec, ttft_model=model, budget=budget, seed=args.seed,
+                                  distill_candidates=variants)
+            finally:
+                cached.close()
+            result.write(settings.state_dir / "optimize" / f"{name}-seed{args.seed}")
+            print(result.to_summary(), flush=True)
+            fmt = {r.format: r.valid_json_rate for r in result.formats.itertuples()} if not result.formats.empty else {}
+            b, w = result.baseline, result.winner
+            rows.append({
+                "spec": name, "minutes": round(result.minutes, 2), "lm_calls": result.lm_calls,
+                "real_lm_calls": result.real_lm_calls, "timing_requests": result.timing_requests,
+                "candidates": int(len(result.candidates)),
+                "complete": int(result.candidates["complete"].sum()), "variants": 1 + len(variants or []),
+                "winner": result.winner_id, "kept_baseline": result.kept_baseline, "reason": result.reason,
+                "stop": result.stop_reason,
+                **{f"baseline_{k}": b.get(k) for k in ("dev_mean", "test_mean", "ttft_warm_ms", "measured_warm_ms",
+                                                      "measured_cold_ms", "ttft_cold_ms")},
+                **{f"winner_{k}": w.get(k) for k in ("dev_mean", "test_mean", "ttft_warm_ms", "measured_warm_ms",
+                                                    "measured_cold_ms", "ttft_cold_ms", "test_equivalence")},
+                "max_tokens": result.token_budget.max_tokens, "truncation_rate": result.token_budget.truncation_rate,
+                **{f"valid_{k}": v for k, v in fmt.items()},
+            })
+    total = sum(r["minutes"] for r in rows)
+    lines = ["| spec | min | LM calls | winner | dev base/win | test base/win | warm TTFT pred/meas (win) | valid free/prompt/constr |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def f(v, fmt=".3f"):
+            return "-" if v is None else format(v, fmt)
+        lines.append(f"| {r['spec']} | {r['minutes']:.1f} | {r['lm_calls']} | {r['winner']} | "
+                     f"{f(r['baseline_dev_mean'])}/{f(r['winner_dev_mean'])} | {f(r['baseline_test_mean'])}/{f(r['winner_test_mean'])} | "
+                     f"{f(r['winner_ttft_warm_ms'], '.0f')}/{f(r['winner_measured_warm_ms'], '.0f')} | "
+                     f"{f(r.get('valid_free'))}/{f(r.get('valid_schema_in_prompt'))}/{f(r.get('valid_constrained'))} |")
+    lines.append(f"\nTotal: {total:.1f} minutes for {len(rows)} specs.")
+    write_report("optimize", {"specs": rows, "total_minutes": total, "budget": budget.to_dict()}, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

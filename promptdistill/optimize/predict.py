@@ -1,0 +1,124 @@
+"""Predicted TTFT of a candidate, cold and with a warm prefix cache.
+
+Features come from ``prompt_features`` on the candidate's real prompts (the served
+model's tokenizer and chat template). Two predictions per prompt:
+
+* **cold**: nothing cached: ``cached_tokens = 0``;
+* **warm**: the static prefix (everything before the first input value) is in the
+  cache, as in production where every request shares it. vLLM caches whole blocks and
+  always computes the last prompt token, so
+  ``cached_tokens = block * floor(min(static_prefix_tokens, total_tokens - 1) / block)``.
+
+Per-request examples sit after the first input (``{fewshot}`` leads the user part), so
+their tokens are never in the static prefix: their warm and cold predictions are close,
+which is the trade-off against a fixed, cacheable example set.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from promptdistill.engine.base import Engine
+from promptdistill.features import prompt_features
+from promptdistill.specs import Spec
+
+__all__ = ["DEFAULT_BLOCK_TOKENS", "MIN_TTFT_MS", "TTFTPrediction", "clip_ttft", "predict_candidate", "prefix_block_tokens", "warm_cached_tokens"]
+
+DEFAULT_BLOCK_TOKENS = 16
+"""vLLM's default KV block size (GPU builds); the CPU build reports its own (128)."""
+MIN_TTFT_MS = 1.0
+"""Predictions are clipped from below here: a regression fitted on few points can
+extrapolate to zero or negative times, and no request gets its first token faster."""
+
+
+def clip_ttft(values: Any) -> np.ndarray:
+    """Predictions in ms with the physical floor ``MIN_TTFT_MS`` applied."""
+    return np.maximum(np.asarray(values, dtype=np.float64), MIN_TTFT_MS)
+
+
+def prefix_block_tokens(engine: Any, default: int = DEFAULT_BLOCK_TOKENS) -> int:
+    """The prefix cache's block size of the vLLM engine behind ``engine`` (wrappers unwrapped)."""
+    seen = 0
+    while engine is not None and seen < 8:
+        llm = getattr(engine, "_llm", None)
+        if llm is not None:
+            try:
+                return int(llm.llm_engine.vllm_config.cache_config.block_size)
+            except AttributeError:
+                return default
+        engine = getattr(engine, "engine", None)
+        seen += 1
+    return default
+
+
+def warm_cached_tokens(static_prefix_tokens: int, total_tokens: int, block_tokens: int) -> int:
+    """Tokens a warm prefix cache serves: whole blocks of the static prefix, never the last token.
+
+    Example:
+        >>> warm_cached_tokens(300, 400, 128)
+        256
+    """
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be at least 1, got {block_tokens}")
+    usable = max(0, min(int(static_prefix_tokens), int(total_tokens) - 1))
+    return (usable // block_tokens) * block_tokens
+
+
+class TTFTPrediction(dict):
+    """Mean features and predictions of one candidate over its sample prompts (a plain dict).
+
+    Keys: ``ttft_cold_ms``, ``ttft_warm_ms``, ``total_tokens``, ``static_prefix_tokens``,
+    ``warm_cached_tokens``, ``fewshot_count``, ``fewshot_tokens``, ``instruction_tokens``,
+    ``semantic_density``, ``max_total_tokens``, ``n_prompts``, ``clipped_predictions``
+    (raw predictions below ``MIN_TTFT_MS``: a sign the model extrapolates).
+    """
+
+
+def predict_candidate(
+    engine: Engine,
+    model: Any,
+    spec: Spec,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    examples: Sequence[Mapping[str, Any]] = (),
+    fewshot_count: int | None = None,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+) -> TTFTPrediction:
+    """Predict cold and warm TTFT for ``spec`` on ``records`` (means over the records).
+
+    Args:
+        engine: its tokenizer and chat template are used; its identity must match the model's.
+        model: a fitted ``TTFTModel``.
+        spec: the candidate's spec.
+        records: sample records (their ``inputs`` are rendered).
+        examples: the fixed examples in the system part.
+        fewshot_count: overrides the feature (per-request examples are not in ``examples``).
+        block_tokens: the prefix cache's block size.
+    """
+    if not records:
+        raise ValueError("predict_candidate needs at least one record")
+    rows = []
+    for r in records:
+        f = dict(prompt_features(spec, r["inputs"], engine, examples=examples))
+        if fewshot_count is not None:
+            f["fewshot_count"] = fewshot_count
+        warm = warm_cached_tokens(f["static_prefix_tokens"], f["total_tokens"], block_tokens)
+        rows.append((f, {**f, "cached_tokens": 0}, {**f, "cached_tokens": warm}, warm))
+    raw_cold = model.predict_many([c for _, c, _, _ in rows], engine_identity=engine.identity)
+    raw_warm = model.predict_many([w for _, _, w, _ in rows], engine_identity=engine.identity)
+    clipped = int(np.sum(np.asarray(raw_cold) < MIN_TTFT_MS) + np.sum(np.asarray(raw_warm) < MIN_TTFT_MS))
+    cold, warm = clip_ttft(raw_cold), clip_ttft(raw_warm)
+
+    def mean(key: str) -> float:
+        return float(np.mean([f[key] for f, _, _, _ in rows]))
+
+    return TTFTPrediction(
+        ttft_cold_ms=float(np.mean(cold)), ttft_warm_ms=float(np.mean(warm)),
+        total_tokens=mean("total_tokens"), static_prefix_tokens=mean("static_prefix_tokens"),
+        warm_cached_tokens=float(np.mean([w for *_, w in rows])), fewshot_count=mean("fewshot_count"),
+        fewshot_tokens=mean("fewshot_tokens"), instruction_tokens=mean("instruction_tokens"),
+        semantic_density=mean("semantic_density"), max_total_tokens=int(max(f["total_tokens"] for f, *_ in rows)),
+        n_prompts=len(rows), clipped_predictions=clipped,
+    )

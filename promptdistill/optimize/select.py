@@ -1,0 +1,239 @@
+"""Choosing the winner: the Pareto front, the explicit selection rule, the token budget.
+
+All pure. The rule (``SelectionRule``), in words:
+
+1. A candidate *qualifies* when it was evaluated on every dev record, can be published
+   as a static template, is non-inferior to the baseline (the paired bootstrap lower
+   bound of ``candidate - baseline`` is at least ``-slo.max_quality_drop``) and its
+   predicted TTFT (warm by default) meets ``slo.ttft_ms``.
+2. Among qualifying candidates (the baseline included: it is trivially non-inferior)
+   the winner has the lowest predicted TTFT (``objective="min_ttft"``) or the highest
+   ``quality - lam_per_ms * ttft_ms`` (``objective="quality_minus_lambda_ttft"``).
+   Ties go to higher quality, then to the id.
+3. When nothing qualifies, the baseline is kept and the reason says what failed.
+
+Example:
+    >>> token_budget([10, 12, 12, 14]).max_tokens  # p95 13.7, plus 15%: 15.76
+    16
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Scored", "SelectionRule", "TokenBudget", "assess", "pareto_front", "pareto_mask", "select_winner", "token_budget"]
+
+OBJECTIVES = ("min_ttft", "quality_minus_lambda_ttft")
+TTFT_KINDS = ("warm", "cold")
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """How the winner is picked. Every field has a default; see the module docstring."""
+
+    objective: str = "min_ttft"
+    """'min_ttft' or 'quality_minus_lambda_ttft'."""
+    lam_per_ms: float = 0.0
+    """Quality points traded per millisecond (quality_minus_lambda_ttft only)."""
+    ttft: str = "warm"
+    """Which prediction the SLO and the objective use: 'warm' (static prefix cached) or 'cold'."""
+    confidence: float = 0.9
+    """One-sided level of the paired bootstrap lower bound (non-inferiority)."""
+    n_boot: int = 2000
+    allow_per_request_examples: bool = False
+    """Let candidates with per-request (retrieved) examples win. Their template needs
+    the caller to retrieve examples for every request, so by default they are shown
+    (Pareto front, trade-off table) but not published."""
+    verify_on_test: bool = True
+    """Keep the baseline when the winner's mean on the test split falls more than the
+    allowed drop below the baseline's."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}.")
+        if self.ttft not in TTFT_KINDS:
+            raise ValueError(f"ttft must be one of {TTFT_KINDS}, got {self.ttft!r}.")
+        if self.lam_per_ms < 0:
+            raise ValueError(f"lam_per_ms must be at least 0, got {self.lam_per_ms}.")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What the rule needs to know about one candidate."""
+
+    id: str
+    quality: float | None
+    """Mean dev score."""
+    diff_lower: float | None
+    """Paired bootstrap lower bound of (candidate - baseline) on the same dev records."""
+    ttft_cold_ms: float
+    ttft_warm_ms: float
+    complete: bool = True
+    """Evaluated on every dev record."""
+    publishable: bool = True
+    """False for per-request example candidates (unless the rule allows them)."""
+
+    def ttft(self, kind: str) -> float:
+        return self.ttft_warm_ms if kind == "warm" else self.ttft_cold_ms
+
+
+def assess(cand: Scored, rule: SelectionRule, max_drop: float, slo_ttft_ms: float | None) -> tuple[bool, str]:
+    """Does ``cand`` qualify, and why (or why not)? The reason is one short phrase."""
+    if not cand.complete:
+        return False, "not evaluated on every dev record (eliminated by successive halving)"
+    if not cand.publishable and not rule.allow_per_request_examples:
+        return False, "per-request examples: not publishable as a static template"
+    if cand.quality is None or cand.diff_lower is None:
+        return False, "no scored records"
+    if cand.diff_lower < -max_drop - 1e-12:
+        return False, f"inferior: paired lower bound {cand.diff_lower:+.3f} < -{max_drop:g}"
+    ttft = cand.ttft(rule.ttft)
+    if slo_ttft_ms is not None and ttft > slo_ttft_ms:
+        return False, f"misses the SLO: predicted {rule.ttft} TTFT {ttft:.0f} ms > {slo_ttft_ms:g} ms"
+    return True, "qualifies"
+
+
+def _objective_key(cand: Scored, rule: SelectionRule) -> tuple:
+    ttft = cand.ttft(rule.ttft)
+    quality = cand.quality or 0.0
+    if rule.objective == "min_ttft":
+        return (ttft, -quality, cand.id)
+    return (-(quality - rule.lam_per_ms * ttft), ttft, cand.id)
+
+
+def select_winner(
+    candidates: Sequence[Scored], baseline: Scored, rule: SelectionRule, *, max_drop: float, slo_ttft_ms: float | None
+) -> tuple[Scored, str]:
+    """Apply the rule. Returns (winner, reason); the winner is ``baseline`` when nothing qualifies.
+
+    Args:
+        candidates: every candidate (the baseline may be among them or not).
+        baseline: the spec as written, evaluated on every dev record.
+        rule: the selection rule.
+        max_drop: the spec's allowed quality drop (``slo.max_quality_drop``).
+        slo_ttft_ms: the spec's TTFT target; None: no target.
+    """
+    pool = {c.id: c for c in candidates}
+    pool.setdefault(baseline.id, baseline)
+    verdicts = {cid: assess(c, rule, max_drop, slo_ttft_ms) for cid, c in pool.items()}
+    qualifying = [c for cid, c in pool.items() if verdicts[cid][0]]
+    what = f"lowest predicted {rule.ttft} TTFT" if rule.objective == "min_ttft" else (
+        f"best quality - {rule.lam_per_ms:g} x {rule.ttft} TTFT (ms)")
+    slo = "no TTFT SLO" if slo_ttft_ms is None else f"SLO {rule.ttft} TTFT <= {slo_ttft_ms:g} ms"
+    if qualifying:
+        winner = min(qualifying, key=lambda c: _objective_key(c, rule))
+        if winner.id == baseline.id:
+            return baseline, (f"the baseline has the {what} of the {len(qualifying)} qualifying candidate(s) "
+                              f"(non-inferior at {rule.confidence:.0%}, drop <= {max_drop:g}, {slo}); keeping it")
+        return winner, (f"{winner.id}: {what} ({winner.ttft(rule.ttft):.0f} ms vs baseline "
+                        f"{baseline.ttft(rule.ttft):.0f} ms) among {len(qualifying)} qualifying candidate(s) "
+                        f"(non-inferior at {rule.confidence:.0%}, drop <= {max_drop:g}, {slo})")
+    return baseline, _no_winner_reason(pool, verdicts, baseline, rule, max_drop, slo_ttft_ms)
+
+
+def _no_winner_reason(pool: dict[str, Scored], verdicts: dict[str, tuple[bool, str]], baseline: Scored,
+                      rule: SelectionRule, max_drop: float, slo_ttft_ms: float | None) -> str:
+    complete = [c for c in pool.values() if c.complete]
+    noninferior = [c for c in complete if c.diff_lower is not None and c.diff_lower >= -max_drop - 1e-12
+                   and (c.publishable or rule.allow_per_request_examples)]
+    parts = [f"no candidate qualifies: {len(complete)} of {len(pool)} evaluated on every dev record, "
+             f"{len(noninferior)} non-inferior (paired {rule.confidence:.0%} lower bound >= -{max_drop:g})"]
+    if slo_ttft_ms is not None and noninferior:
+        fastest = min(noninferior, key=lambda c: c.ttft(rule.ttft))
+        parts.append(f"none of them meets the SLO {rule.ttft} TTFT <= {slo_ttft_ms:g} ms "
+                     f"(fastest: {fastest.id} at {fastest.ttft(rule.ttft):.0f} ms)")
+    elif not noninferior:
+        parts.append(f"the baseline itself: {verdicts[baseline.id][1]}")
+    return "; ".join(parts) + "; keeping the baseline"
+
+
+def pareto_mask(quality: Sequence[float], cost: Sequence[float]) -> np.ndarray:
+    """True for points no other point dominates (cost <= and quality >=, one strictly).
+
+    NaN points are never on the front.
+    """
+    q = np.asarray(quality, dtype=np.float64)
+    c = np.asarray(cost, dtype=np.float64)
+    ok = ~(np.isnan(q) | np.isnan(c))
+    mask = np.zeros(len(q), dtype=bool)
+    for i in np.flatnonzero(ok):
+        dominated = ok & (c <= c[i]) & (q >= q[i]) & ((c < c[i]) | (q > q[i]))
+        mask[i] = not dominated.any()
+    return mask
+
+
+def pareto_front(df: pd.DataFrame, *, quality: str = "quality", cost: str = "ttft_warm_ms") -> pd.DataFrame:
+    """The rows of ``df`` on the quality-vs-cost Pareto front, sorted by cost (lowest first).
+
+    Example:
+        >>> df = pd.DataFrame({"quality": [0.5, 0.7, 0.6], "ttft_warm_ms": [100, 200, 300]})
+        >>> pareto_front(df).index.tolist()
+        [0, 1]
+    """
+    if df.empty:
+        return df.copy()
+    mask = pareto_mask(df[quality].astype(float).to_numpy(), df[cost].astype(float).to_numpy())
+    return df.loc[mask].sort_values([cost, quality], ascending=[True, False])
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """``max_tokens`` for the published template and what it would have cut."""
+
+    max_tokens: int
+    p95_tokens: float
+    truncation_rate: float
+    """Share of dev replies longer than ``max_tokens`` (or already cut at the search limit)."""
+    already_truncated_rate: float
+    """Share of dev replies that hit the search's own limit (their true length is unknown)."""
+    n: int
+    quantile: float
+    headroom: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def token_budget(
+    completion_tokens: Sequence[int],
+    *,
+    truncated: Sequence[bool] | None = None,
+    quantile: float = 0.95,
+    headroom: float = 0.15,
+) -> TokenBudget:
+    """``max_tokens = ceil(p95(completion tokens) * (1 + headroom))``, at least 1.
+
+    Args:
+        completion_tokens: the winner's completion tokens per dev reply.
+        truncated: per reply, whether it already stopped at the search's token limit
+            (``finish_reason == "length"``); such a reply counts as truncated under any budget.
+        quantile: the percentile (linear interpolation, numpy's default).
+        headroom: the margin on top, 0.15 for 15%.
+
+    Raises:
+        ValueError: no replies, or a flag list of another length.
+    """
+    tokens = np.asarray(list(completion_tokens), dtype=np.float64)
+    if tokens.size == 0:
+        raise ValueError("token_budget needs at least one reply's completion tokens")
+    cut = np.zeros(tokens.size, dtype=bool) if truncated is None else np.asarray(list(truncated), dtype=bool)
+    if cut.size != tokens.size:
+        raise ValueError(f"truncated has {cut.size} flags for {tokens.size} replies")
+    p95 = float(np.percentile(tokens, 100.0 * quantile))
+    # round() first: 20 * 1.15 is 22.999999999999996 in floating point, and must give 23.
+    max_tokens = max(1, math.ceil(round(p95 * (1.0 + headroom), 9)))
+    would_cut = (tokens > max_tokens) | cut
+    return TokenBudget(
+        max_tokens=max_tokens, p95_tokens=p95, truncation_rate=float(would_cut.mean()),
+        already_truncated_rate=float(cut.mean()), n=int(tokens.size), quantile=quantile, headroom=headroom,
+    )

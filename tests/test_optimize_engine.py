@@ -1,0 +1,150 @@
+"""The optimizer on the real engine (SmolLM2-135M, in-process vLLM) with a small budget.
+
+The TTFT model is real: the project's fitted model for this engine when there is one
+(``artifacts/ttft/models``), otherwise one fitted here from a short real profile.
+The four checks of the issue:
+
+* the winner is never worse than the baseline beyond the allowed drop on test;
+* a spec whose SLO no candidate meets keeps the baseline and says why;
+* ``max_tokens`` follows the rule (p95 of the winner's dev completion tokens + 15%);
+* re-running with the same seed and a warm cache makes no new LM calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from promptdistill.optimize import OptimizeBudget, optimize
+
+pytestmark = pytest.mark.engine
+
+# The call budget binds, never the clock: a search cut by time depends on the machine's
+# load, and a re-run (fast, from the cache) would then search further than the first.
+BUDGET = OptimizeBudget(
+    max_lm_calls=300, max_minutes=600.0, dev_size=12, minibatch_size=4, eta=3, test_size=8,
+    fewshot_counts=(0, 2), similar_counts=(2,), fixed_subsets=2, max_variants=2, feature_records=3,
+    timing_records=2, format_size=8,
+)
+
+
+@pytest.fixture(scope="module")
+def ttft_model(engine):
+    from promptdistill.errors import PromptDistillError
+    from promptdistill.ttft import ProfileConfig, TTFTModel, fit_models, run_profile
+
+    try:
+        return TTFTModel.load("artifacts/ttft/models", engine_identity=engine.identity)
+    except PromptDistillError:
+        pass
+    # Short prompts (the candidates here have 150-450 tokens): quick even on a busy CPU.
+    config = ProfileConfig(points=12, repeats=1, spec_records=0, density_probe_tokens=(), fewshot_probe=False,
+                           warmup=1, budget_s=300.0, max_tokens=560)
+    profile = run_profile(engine, config, progress=False)
+    fit = fit_models(profile.frame, n_splits=3, drop_contended=False)
+    return TTFTModel.from_fit(fit, profile.frame)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    from promptdistill.specs import load_spec
+
+    return load_spec("ticket_triage")
+
+
+@pytest.fixture(scope="module")
+def variants(spec):
+    """One shorter, denser instruction, as the distiller would propose it."""
+    terse = spec.with_changes(
+        instruction="Route the customer's support ticket to the one team that must handle it.",
+        constraints=(spec.constraints[0], spec.constraints[2]),
+    )
+    return [("terse", terse)]
+
+
+@pytest.fixture(scope="module")
+def cache_path(tmp_path_factory):
+    return tmp_path_factory.mktemp("optimize-cache") / "lm_cache.sqlite"
+
+
+def _run(engine, spec, ttft_model, variants, cache_path):
+    from promptdistill.lm_cache import CachedEngine
+
+    lm = CachedEngine(engine, cache_path)
+    try:
+        result = optimize(lm, spec, ttft_model=ttft_model, budget=BUDGET, seed=0, distill_candidates=variants)
+    finally:
+        lm.close()
+    return result, lm
+
+
+@pytest.fixture(scope="module")
+def first(engine, spec, ttft_model, variants, cache_path):
+    return _run(engine, spec, ttft_model, variants, cache_path)
+
+
+def test_winner_is_not_worse_than_the_baseline_on_test(first, spec):
+    result, lm = first
+    print("\n" + result.to_summary())
+    base, win = result.baseline, result.winner
+    assert base["test_n"] == win["test_n"] == BUDGET.test_size
+    assert win["test_mean"] >= base["test_mean"] - spec.slo.max_quality_drop - 1e-9
+    assert result.verification["rendering_checked"] == BUDGET.test_size
+    # The verification gate reverts a winner that fails on test; say when it fired.
+    print("reverted on test:", result.verification.get("reverted_from"))
+    # What was verified is what is published, and it was measured on the engine.
+    assert result.content["max_tokens"] == result.token_budget.max_tokens
+    assert win["measured_cold_ms"] > 0 and win["measured_warm_ms"] > 0
+    assert win["test_valid_json_rate"] == 1.0 if result.content["response_format"] == "json_schema" else True
+    assert result.lm_calls <= BUDGET.max_lm_calls
+    assert lm.real_calls == result.lm_calls - lm.cache_hits
+    # The search is bounded: not every candidate reaches the full dev split.
+    assert (result.candidates["n_dev"] < BUDGET.dev_size).any()
+    assert result.pareto["pareto"].all() and len(result.pareto) >= 1
+
+
+def test_the_cached_prefix_is_what_separates_fixed_from_per_request_examples(first):
+    result, _ = first
+    trade = result.tradeoff.set_index(["strategy", "k"])
+    fixed, similar = trade.loc[("fixed", 2)], trade.loc[("similar", 2)]
+    assert fixed["warm_cached_tokens"] > similar["warm_cached_tokens"]
+    assert fixed["warm_saving_ms"] > similar["warm_saving_ms"]
+
+
+def test_token_budget_follows_the_rule(first):
+    result, _ = first
+    tokens = np.asarray(result.dev_completion_tokens)
+    assert len(tokens) == BUDGET.dev_size
+    expected = max(1, math.ceil(round(float(np.percentile(tokens, 95)) * 1.15, 9)))
+    assert result.content["max_tokens"] == expected
+    cut = (tokens > expected) | np.asarray(result.dev_truncated)
+    assert result.token_budget.truncation_rate == pytest.approx(cut.mean())
+
+
+def test_rerun_with_the_same_seed_and_a_warm_cache_makes_no_new_lm_calls(first, engine, spec, ttft_model, variants,
+                                                                         cache_path):
+    result, _ = first
+    again, lm = _run(engine, spec, ttft_model, variants, cache_path)
+    assert lm.real_calls == 0
+    assert lm.cache_hits == again.lm_calls == result.lm_calls
+    assert again.content == result.content and again.winner_id == result.winner_id
+    cols = ["candidate_id", "n_dev", "quality", "diff_lower", "ttft_cold_ms", "ttft_warm_ms"]
+    assert again.candidates[cols].equals(result.candidates[cols])
+
+
+def test_a_slo_no_candidate_meets_keeps_the_baseline_with_the_reason(engine, spec, ttft_model, variants, cache_path):
+    from promptdistill.specs import build_system
+
+    # Below the physical floor every prediction is clipped to (MIN_TTFT_MS): nothing can meet it.
+    strict = spec.with_changes(slo=dataclasses.replace(spec.slo, ttft_ms=0.5))
+    result, _ = _run(engine, strict, ttft_model, variants, cache_path)
+    assert result.kept_baseline and result.winner_id == "baseline"
+    assert "no candidate qualifies" in result.reason and "SLO" in result.reason and "keeping the baseline" in result.reason
+    base_row = result.candidates[result.candidates["is_baseline"]].iloc[0]
+    assert "misses the SLO" in base_row["verdict"]
+    baseline_examples = [r for r in result.winner_examples]
+    assert result.content["system"] == build_system(spec, baseline_examples)
+    assert len(baseline_examples) == spec.examples.count
