@@ -14,12 +14,13 @@ prompt-token counts the features use are exactly what the engine ran.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from promptdistill.config import EngineConfig
 from promptdistill.engine.base import (
@@ -78,7 +79,8 @@ class LocalEngine(Engine):
         if _has_gpu():
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         try:
-            self._llm = LLM(**kwargs)
+            with _hide_modules_that_break_scans():
+                self._llm = LLM(**kwargs)
         except (OSError, ValueError) as e:
             raise ModelNotFoundError(f"engine.model: vLLM could not load {self.model_path!r}: {e}") from None
         self._counter = itertools.count()
@@ -213,6 +215,33 @@ class LocalEngine(Engine):
             except Exception:  # noqa: BLE001 - best effort on shutdown
                 pass
             self._llm = None
+
+
+@contextlib.contextmanager
+def _hide_modules_that_break_scans() -> Iterator[None]:
+    """Hide, while vLLM starts, modules holding objects that raise on ``hasattr``.
+
+    vLLM's CPU platform scans every loaded module's attributes with ``hasattr(value,
+    "__dict__")`` when it registers kernel overrides; context-local proxies such as
+    Flask's ``current_app`` (imported by moto, for instance) raise RuntimeError there
+    instead of AttributeError, and engine start-up fails. The modules are put back as
+    they were right after.
+    """
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None) or {}
+        for value in list(namespace.values()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:  # noqa: BLE001 - exactly what breaks vLLM's scan
+                hidden[name] = module
+                break
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def _has_gpu() -> bool:
