@@ -117,7 +117,7 @@ def choose_format(run: _Run, winner: OptCandidate) -> tuple[pd.DataFrame, str, S
     modes = {"constrained": (winner.spec, True, prefix_report(winner.report, n), winner.results[:n])}
     if run.budget.formats and n > 0:
         records = run.records_for(winner, run.dev[:n])
-        for name, (spec, constrained) in format_variants(run, winner.spec).items():
+        for name, (spec, constrained) in format_variants(winner.spec).items():
             if name != "constrained":
                 report, results = run.run_eval(spec, winner.examples, records, constrained=constrained)
                 modes[name] = (spec, constrained, report, results)

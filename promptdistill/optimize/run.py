@@ -28,7 +28,6 @@ timing would be a stale one) and is counted apart (``timing_requests``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -389,10 +388,10 @@ def optimize(
     return finish(run, base, grid)
 
 
-def format_variants(run: _Run, spec: Spec) -> dict[str, tuple[Spec, bool]]:
-    """The three ways to get JSON: name -> (spec, constrained decoding)."""
+def format_variants(spec: Spec) -> dict[str, tuple[Spec, bool]]:
+    """The three ways to get JSON: name -> (spec, constrained decoding).
+
+    'free': the prompt as written, unconstrained; 'schema_in_prompt': the JSON Schema
+    added as a rule, unconstrained; 'constrained': decoding constrained to the schema.
+    """
     return {"free": (spec, False), "schema_in_prompt": (schema_in_prompt(spec), False), "constrained": (spec, True)}
-
-
-def content_json(content: Mapping[str, Any]) -> str:
-    return json.dumps(content, sort_keys=True, ensure_ascii=False)
