@@ -74,8 +74,11 @@ def test_a_warm_prefix_is_served_from_the_cache(engine):
     second = engine.generate([GenerationRequest(messages=[{"role": "system", "content": static},
                                                           {"role": "user", "content": "Can I return a hat?"}], max_tokens=1)])[0]
     assert first.cached_tokens == 0
-    # vLLM caches whole blocks: nearly all of the static part is reused.
-    assert second.cached_tokens >= 0.8 * engine.count_tokens([{"role": "system", "content": static}])
+    # vLLM caches whole KV blocks (128 tokens on the CPU build): the static part is
+    # reused up to its last full block.
+    static_tokens = engine.count_tokens([{"role": "system", "content": static}])
+    assert static_tokens - 128 <= second.cached_tokens <= second.prompt_tokens
+    assert second.cached_tokens > 0
 
 
 def test_a_prompt_longer_than_max_model_len_is_a_clear_error(engine):
