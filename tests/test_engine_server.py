@@ -26,7 +26,9 @@ def server_engine(model_dir, tokenizer):
 
 
 def test_server_tokenizer_matches_the_local_one(server_engine, tokenizer):
-    msgs = [SYSTEM, {"role": "user", "content": "Count {these} tokens, <|im_start|> please."}]
+    # No role markers inside the value: the server tokenizes the templated text in one
+    # go (markers would become special tokens there), while the local path splits them.
+    msgs = [SYSTEM, {"role": "user", "content": "Count {these} tokens, {{literally}} please."}]
     assert server_engine.count_tokens(msgs) == tokenizer.count_tokens(msgs)
     assert server_engine.apply_chat_template(msgs) == tokenizer.apply_chat_template(msgs)
 

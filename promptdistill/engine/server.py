@@ -138,6 +138,10 @@ class ServerEngine(Engine):
         return self._post("/detokenize", {"model": self.model, "tokens": out["tokens"]})["prompt"]
 
     def count_tokens(self, messages: Sequence[Message] | str) -> int:
+        """Counted by the server. Note: a vLLM server tokenizes the templated chat text in
+        one go, so a role marker typed inside a value becomes a special token there (the
+        in-process backend keeps it plain text); strip such markers from untrusted input
+        before it reaches a server."""
         if isinstance(messages, str):
             return len(self.tokenize(messages))
         out = self._post(
