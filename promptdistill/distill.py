@@ -23,6 +23,7 @@ to Parquet, plus the clause table and the judge statistics beside it.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass, replace
@@ -46,10 +47,13 @@ from promptdistill.render import render_text
 
 __all__ = ["DistillConfig", "DistillResult", "distill", "write_result"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class DistillConfig:
-    """Every knob of the loop. Defaults finish in a few minutes on SmolLM2-135M on a CPU."""
+    """Every knob of the loop. The defaults are sized for a few minutes with SmolLM2-135M
+    on an idle 2-core CPU; on a busy machine the time budget cuts the search short."""
 
     seed: int = 0
     """Shuffles the dev/test records and seeds every request: same seed, same result."""
@@ -182,6 +186,8 @@ class _Run:
     # -- steps ----------------------------------------------------------------------------
     def score_clauses(self, base: Candidate, clauses: tuple[Clause, ...]) -> list[ClauseScore]:
         prunable = [c for c in clauses if not c.protected]
+        log.info("scoring %d clauses (%d protected): judge, then ablation on %d records",
+                 len(prunable), len(clauses) - len(prunable), len(self.minibatch))
         judged: dict[str, Any] = {}
         if prunable and self.budget.afford(2 * len(prunable), "the clause_necessity judge"):
             examples = "\n".join(
@@ -224,7 +230,8 @@ class _Run:
                 out.append(self.candidate(f"r{rnd}-proposal-{n}", "proposal", rnd, spec, base))
         unique, seen = [], {base.text}
         for cand in out:
-            if cand.text not in seen:
+            # A candidate longer than its parent can never win (selection wants fewer tokens).
+            if cand.text not in seen and cand.instruction_tokens <= base.instruction_tokens:
                 seen.add(cand.text)
                 unique.append(cand)
         return unique
@@ -266,6 +273,7 @@ class _Run:
         eq = self.judge_metric
 
         def run(alive: list[Candidate], records: Sequence[Mapping], last: bool) -> list[EvalReport]:
+            log.info("successive halving: %d candidates x %d new records", len(alive), len(records))
             return self.evaluate([c.spec for c in alive], records, equivalence=eq and last)
 
         def afford(n_cands: int, n_records: int, last: bool) -> bool:
@@ -291,14 +299,19 @@ class _Run:
             self.original.report = self.evaluate([self.spec], self.dev)[0]
             self.original.rung, self.original.lm_calls = 0, self.original.report.lm_calls
             self.base_replies = dict(zip(self.original.report.record_ids, self.original.report.replies))
+            log.info("baseline: mean %s on %d dev records (%d LM calls so far)",
+                     _fmt(self.original.report.mean), len(self.dev), self.meter.calls)
             for rnd in range(1, self.config.max_rounds + 1):
                 rounds = rnd
+                log.info("round %d from %s (%d instruction tokens)", rnd, best.id, best.instruction_tokens)
                 clauses = split_clauses(best.spec)
                 scores = self.score_clauses(best, clauses)
                 cands = self.build_candidates(best, rnd, clauses, scores)
                 self.candidates += cands
                 finalists, cut = self.halving(cands) if cands else ([], False)
                 winner = select_winner(best, finalists, self.original.report.scores, self.max_drop)
+                log.info("round %d: %d candidates, best %s (%d tokens, mean %s); %d LM calls so far", rnd, len(cands),
+                         winner.id, winner.instruction_tokens, _fmt(winner.mean), self.meter.calls)
                 kept = set(winner.kept) if winner is not best else {c.id for c in clauses}
                 self.clause_scores += [(rnd, s, s.clause.protected or s.clause.id in kept) for s in scores]
                 if cut or self.budget.reason:
@@ -313,6 +326,7 @@ class _Run:
                 stop = f"max_rounds ({self.config.max_rounds}) reached"
         search_calls = self.meter.calls
         winner = best
+        log.info("search stopped (%s) after %d LM calls; held-out test and calibration next", stop, search_calls)
         test_reports = self.cross_validate(winner)
         calibration = self.calibrate()
         return DistillResult(
@@ -343,6 +357,10 @@ class _Run:
         return equivalence_agreement(self.runner, self.spec, self.dev, report.replies, report.scores)
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _text(value: Any) -> str:
     import json
 
@@ -355,11 +373,19 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def _rewrite_check(value: Any) -> str | None:
-    text = value.get("instruction", "") if isinstance(value, Mapping) else ""
-    if not text.strip():
+    """Why a schema-valid rewrite is still unusable (the runner then repairs it once)."""
+    import re
+
+    text = value.get("instruction", "").strip() if isinstance(value, Mapping) else ""
+    if not text:
         return "the instruction is empty"
     if "{" in text or "}" in text:
         return "the instruction must not contain curly braces"
+    if text[-1] not in ".!?)\"'":
+        return "the instruction stops mid-sentence"
+    sentences = [" ".join(s.lower().split()) for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 4]
+    if len(sentences) != len(set(sentences)):
+        return "the instruction repeats a sentence; say each rule once"
     return None
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from promptdistill.engine.base import Engine, GenerationRequest, canonical_json, validate_reply

@@ -115,7 +115,8 @@ def test_prune_keep_sets_and_agreement():
     sets = prune_keep_sets(scores, (0.5,))
     assert sets["judge@0.50"] == ("i0", "i2", "i3")  # no judge score: kept
     assert sets["ablation"] == ("i0", "i3")
-    assert "combined@0.50" not in sets or sets["combined@0.50"] == ("i0", "i3")
+    assert "combined@0.50" not in sets  # it keeps the same set as "ablation": listed once
+    assert prune_keep_sets(scores, (0.2,))["combined@0.20"] == ("i0", "i1", "i3")
     assert agreement_rate(scores) == 1.0  # i0: both necessary; i1: both not
 
 
@@ -250,6 +251,17 @@ def test_same_seed_same_result_and_parquet_records(triage, tmp_path):
     judges = pd.read_parquet(tmp_path / "out" / "triage.judges.parquet")
     assert set(judges["judge"]) >= {"clause_necessity", "answer_equivalence"}
     assert not list((tmp_path / "out").glob(".*tmp"))
+
+
+def test_rewrite_check_rejects_unusable_rewrites():
+    from promptdistill.distill import _rewrite_check
+
+    assert _rewrite_check({"instruction": "Route the ticket to one team."}) is None
+    assert "empty" in _rewrite_check({"instruction": "  "})
+    assert "braces" in _rewrite_check({"instruction": "Reply with {label}."})
+    assert "mid-sentence" in _rewrite_check({"instruction": "Route the ticket to one"})
+    loop = "If you have many labels, pick one. " * 3
+    assert "repeats" in _rewrite_check({"instruction": loop.strip()})
 
 
 def test_config_rejects_nonsense():

@@ -60,6 +60,7 @@ def _distill(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     spec = load_spec(args.name, prompts_dir=args.prompts_dir)
     config = _config(args)
+    _log_progress()
     out = args.out or settings.state_dir / "distill" / f"{spec.name}-seed{config.seed}.parquet"
     with load_engine(settings.engine) as engine:
         lm = engine if args.no_cache else CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
@@ -74,6 +75,19 @@ def _distill(args: argparse.Namespace) -> int:
     print(format_result(result))
     print(f"\nwritten: {path}")
     return 0
+
+
+def _log_progress() -> None:
+    """The loop's progress lines on stderr (only the distiller's logger, not vLLM's)."""
+    import logging
+
+    logger = logging.getLogger("promptdistill.distill")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("  [distill %(asctime)s] %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _cut(text: str | None, width: int) -> str:
