@@ -74,7 +74,8 @@ def test_profile_command_measures_on_the_configured_engine(engine, tmp_path, mon
     monkeypatch.setattr(engine_module, "load_engine", lambda config=None: Borrowed())
     out = tmp_path / "p"
     code = main(["ttft", "profile", "--points", "3", "--repeats", "1", "--max-tokens", "300", "--spec-records", "0",
-                 "--density-probe-tokens", "", "--no-fewshot-probe", "--out", str(out), "--quiet"])
+                 "--density-probe-tokens", "", "--no-fewshot-probe", "--max-retries", "0", "--quiet-wait-s", "0",
+                 "--out", str(out), "--quiet"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["stopped"] == "complete" and summary["measurements"] >= summary["planned"] >= 3

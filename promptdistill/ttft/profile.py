@@ -120,10 +120,11 @@ class ProfileResult:
 
 
 def identity_columns(engine: Engine) -> dict[str, Any]:
-    """The engine identity as row columns (``engine_*``) plus its short key."""
+    """The engine identity as row columns (``engine_*``), its short key and ``backend``."""
     ident = engine.identity
     cols = {f"engine_{k}": v for k, v in ident.to_dict().items()}
     cols["engine_key"] = ident.key()
+    cols["backend"] = ident.backend
     return cols
 
 

@@ -116,12 +116,21 @@ def _save(fig: Any, out: Path, name: str) -> str:
     return name
 
 
-def _md_table(df: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
+def _cell(column: str, value: Any) -> str:
+    if isinstance(value, (float, np.floating)):
+        if np.isnan(value):
+            return ""
+        if "mape" in column:
+            return f"{value:.1%}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def _md_table(df: pd.DataFrame) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in df.iterrows():
-        cells = [floatfmt.format(v) if isinstance(v, (float, np.floating)) and not np.isnan(v) else ("" if isinstance(v, float) else str(v)) for v in row]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_cell(c, v) for c, v in zip(cols, row)) + " |")
     return "\n".join(lines)
 
 
@@ -159,6 +168,7 @@ def build_report(
         "engine": identity,
         "rows": counts,
         "conditions": conditions,
+        "drop_contended": drop_contended,
         "model_version": model_version,
         "fit": fit.summary(),
         "heldout_mape_chosen": fit.heldout[fit.chosen]["mape"],
@@ -201,7 +211,7 @@ def _markdown(numbers: dict, fit: FitResult, coefs: pd.DataFrame, fewshot: pd.Da
 Engine: `{e.get('engine_model')}` on `{e.get('engine_backend')}` ({e.get('engine_dtype')}, max_model_len {e.get('engine_max_model_len')}, {e.get('engine_engine_version')}), hardware `{e.get('engine_hardware')}`, engine key `{e.get('engine_key')}`.
 Model version: `{numbers['model_version'] or 'not saved'}`.
 
-Rows: {r['rows_total']} measurements, {r['rows_failed']} failed, {r['rows_contended']} left out as measured under CPU contention, {r['rows_used']} used ({r['prompts_used']} distinct prompts).{_conditions(numbers['conditions'])}
+Rows: {r['rows_total']} measurements, {r['rows_failed']} failed, {r['rows_contended'] if numbers['drop_contended'] else 'no rows'} left out as measured under CPU contention{'' if numbers['drop_contended'] else ' (contended rows kept on request)'}, {r['rows_used']} used ({r['prompts_used']} distinct prompts).{_conditions(numbers['conditions'])}
 
 ## Result
 
