@@ -207,7 +207,8 @@ def optimize_spec(engine_config: EngineConfig, job: pipeline.SpecJob, budget: An
     ttft_model = pipeline.load_ttft_model(Registry(registry_root), engine.identity)
     with engine_slot(engine_config, engine):
         return glue.optimize_job(engine, job, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
-                                 distilled=distilled, out_dir=state_dir() / "optimize" / key, cache_path=state_dir() / "lm_cache.sqlite")
+                                 distilled=distilled, out_dir=state_dir() / "optimize" / key,
+                                 cache_path=state_dir() / "lm_cache.sqlite")
 
 
 @task(name="publish-template", cache_policy=NO_CACHE)

@@ -356,7 +356,8 @@ def load_ttft_model(registry: Any, identity: EngineIdentity, *, version: int | N
             "run the profile-ttft flow (`prefect deployment run 'profile-ttft/profile-ttft'`) or "
             "`promptdistill ttft profile` then `promptdistill ttft fit`"
         ) from None
-    model = TTFTModel.from_files(registry.read_artifact_files(record), source=f"{registry.root}/{TTFT_ARTIFACT_KIND}/{key}:{record.version}")
+    source = f"{registry.root}/{TTFT_ARTIFACT_KIND}/{key}:{record.version}"
+    model = TTFTModel.from_files(registry.read_artifact_files(record), source=source)
     model.check_engine(identity)
     return model
 

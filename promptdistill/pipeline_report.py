@@ -203,7 +203,8 @@ def nightly_report_markdown(
     lines = [f"# Nightly prompt optimization{f' ({run_id})' if run_id else ''}", ""]
     lines.append(f"{len(rows) - len(failed)} of {len(rows)} specs done" + (f", {len(failed)} failed." if failed else "."))
     if ttft:
-        lines.append(f"TTFT model: {ttft.get('reason', '')}" + (f" (refreshed: version {ttft['version']})" if ttft.get("refreshed") else ""))
+        refreshed = f" (refreshed: version {ttft['version']})" if ttft.get("refreshed") else ""
+        lines.append(f"TTFT model: {ttft.get('reason', '')}{refreshed}")
     lines += ["", "| template | status | tokens | TTFT ms | quality | published |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
@@ -241,7 +242,8 @@ def ttft_report_markdown(model: Any, fit: Any, record: Any, plots: Mapping[str, 
     lines = [
         f"# TTFT model for engine `{ident.key()}`",
         "",
-        f"- engine: {ident.model}, {ident.backend}, {ident.dtype}, max_model_len {ident.max_model_len}, {ident.hardware}, {ident.engine_version}",
+        f"- engine: {ident.model}, {ident.backend}, {ident.dtype}, max_model_len {ident.max_model_len}, "
+        f"{ident.hardware}, {ident.engine_version}",
         f"- chosen: **{model.name}** (registry artifact version {record.version}, model {model.version})",
         f"- data: {model.training.get('rows', '-')} measurements, {model.training.get('prompts', '-')} prompts",
         "- held-out: " + (", ".join(f"{k} {v:.3g}" for k, v in held.items()) or "-"),
