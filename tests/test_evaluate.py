@@ -145,7 +145,7 @@ def slug_records():
 
 
 @pytest.mark.engine
-def test_real_engine_evaluation_is_one_batch_with_valid_json(engine, slug_records):
+def test_real_engine_evaluation_is_one_batch_with_valid_json(engine):
     spec = load_spec("ticket_triage")
     report = evaluate(engine, spec, RECORDS)
     assert report.n == 3 and report.generation_calls == 3

@@ -47,6 +47,14 @@ def test_cache_persists_across_instances(tmp_path):
     assert again.generate([req("q", seed=4)])[0].text == "y"  # another seed is another request
 
 
+def test_the_timeout_does_not_change_the_key(tmp_path):
+    fake = FakeEngine(lambda r: "x")
+    cached = CachedEngine(fake, tmp_path / "c.sqlite")
+    cached.generate([req("q", timeout_s=10.0)])
+    cached.generate([req("q", timeout_s=3600.0), req("q")])
+    assert fake.calls == 1 and cached.cache_hits == 2
+
+
 def test_the_key_includes_the_engine_identity(tmp_path):
     path = tmp_path / "c.sqlite"
     a = FakeEngine(lambda r: "from a")
