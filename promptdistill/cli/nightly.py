@@ -44,6 +44,11 @@ def _quiet_defaults() -> None:
         "TOKENIZERS_PARALLELISM": "false",
     }.items():
         os.environ.setdefault(key, value)
+    # Prefect's ephemeral server opens its SQLite database in PREFECT_HOME without creating
+    # the folder ("unable to open database file" on a fresh checkout).
+    home = os.environ.get("PREFECT_HOME")
+    if home:
+        os.makedirs(os.path.expanduser(home), exist_ok=True)
 
 
 def _nightly(args: argparse.Namespace) -> int:
