@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult, Message
+from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult
 
 __all__ = ["CachedEngine", "cache_key"]
 
@@ -52,7 +52,7 @@ def _cacheable(request: GenerationRequest, result: GenerationResult) -> bool:
     return result.error is None or request.json_schema is not None or request.choices is not None
 
 
-class CachedEngine(Engine):
+class CachedEngine(EngineWrapper):
     """An ``Engine`` that answers repeated requests from a SQLite file.
 
     Args:
@@ -65,7 +65,7 @@ class CachedEngine(Engine):
     """
 
     def __init__(self, engine: Engine, path: str | os.PathLike[str]):
-        self.engine = engine
+        super().__init__(engine)
         self.path = Path(path)
         self.real_calls = 0
         self.cache_hits = 0
@@ -75,10 +75,6 @@ class CachedEngine(Engine):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, result TEXT NOT NULL)")
         self._db.commit()
-
-    @property
-    def identity(self):  # type: ignore[override]
-        return self.engine.identity
 
     @property
     def requests_seen(self) -> int:
@@ -135,18 +131,6 @@ class CachedEngine(Engine):
     def __len__(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
-
-    def apply_chat_template(self, messages: Sequence[Message]) -> str:
-        return self.engine.apply_chat_template(messages)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenize(text)
-
-    def count_tokens(self, messages: Sequence[Message] | str) -> int:
-        return self.engine.count_tokens(messages)
-
-    def reset_prefix_cache(self) -> bool:
-        return self.engine.reset_prefix_cache()
 
     def close(self) -> None:
         """Close the cache file (the wrapped engine stays open: its owner closes it)."""

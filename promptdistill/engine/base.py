@@ -32,10 +32,12 @@ from promptdistill.errors import SchemaError
 __all__ = [
     "Engine",
     "EngineIdentity",
+    "EngineWrapper",
     "GenerationRequest",
     "GenerationResult",
     "Message",
     "canonical_json",
+    "check_reply",
     "hardware_fingerprint",
     "validate_reply",
 ]
@@ -178,6 +180,22 @@ def validate_reply(text: str, schema: Mapping[str, Any]) -> tuple[Any, str | Non
     return value, None
 
 
+def check_reply(req: GenerationRequest, text: str) -> tuple[bool | None, Any, str | None]:
+    """(valid, parsed, error) of a reply to ``req``; all None when ``req`` is unconstrained.
+
+    Every backend judges replies the same way, so a result means the same thing whichever
+    engine produced it.
+    """
+    if req.json_schema is not None:
+        parsed, error = validate_reply(text, req.schema)
+        return error is None, parsed, error
+    if req.choices is not None:
+        if text in req.choices:
+            return True, None, None
+        return False, None, f"reply {text!r} is not one of the choices"
+    return None, None, None
+
+
 @dataclass
 class GenerationResult:
     """What one request produced. Times in milliseconds (see the module docstring)."""
@@ -267,3 +285,31 @@ class Engine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class EngineWrapper(Engine):
+    """An engine that adds something to ``generate`` (a cache, a counter) around another one.
+
+    Everything else goes to the wrapped engine unchanged, so the wrapper tokenizes and
+    counts exactly as the engine it stands for. ``close`` does not close the wrapped
+    engine: its owner does.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @property
+    def identity(self) -> EngineIdentity:  # type: ignore[override]
+        return self.engine.identity
+
+    def apply_chat_template(self, messages: Sequence[Message]) -> str:
+        return self.engine.apply_chat_template(messages)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.engine.tokenize(text)
+
+    def count_tokens(self, messages: Sequence[Message] | str) -> int:
+        return self.engine.count_tokens(messages)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine.reset_prefix_cache()

@@ -29,8 +29,8 @@ from promptdistill.engine.base import (
     GenerationRequest,
     GenerationResult,
     Message,
+    check_reply,
     hardware_fingerprint,
-    validate_reply,
 )
 from promptdistill.engine.tokenizer import HFTokenizer
 from promptdistill.errors import EngineError, EngineTimeoutError, ModelNotFoundError, PromptTooLongError
@@ -198,13 +198,7 @@ class LocalEngine(Engine):
             ttft_ms=ttft_s * 1000.0,
             e2e_ms=(ttft_s + decode_s) * 1000.0,
         )
-        if req.json_schema is not None:
-            result.parsed, result.error = validate_reply(result.text, req.schema)
-            result.valid = result.error is None
-        elif req.choices is not None:
-            result.valid = result.text in req.choices
-            if not result.valid:
-                result.error = f"reply {result.text!r} is not one of the choices"
+        result.valid, result.parsed, result.error = check_reply(req, result.text)
         return result
 
     def close(self) -> None:

@@ -32,8 +32,8 @@ from promptdistill.engine.base import (
     GenerationRequest,
     GenerationResult,
     Message,
+    check_reply,
     hardware_fingerprint,
-    validate_reply,
 )
 from promptdistill.errors import EngineError, EngineTimeoutError, EngineUnavailableError, PromptTooLongError
 
@@ -250,13 +250,7 @@ class ServerEngine(Engine):
             e2e_ms=(end - start) * 1000.0,
             extra={"endpoint": url},
         )
-        if req.json_schema is not None:
-            result.parsed, result.error = validate_reply(result.text, req.schema)
-            result.valid = result.error is None
-        elif req.choices is not None:
-            result.valid = result.text in req.choices
-            if not result.valid:
-                result.error = f"reply {result.text!r} is not one of the choices"
+        result.valid, result.parsed, result.error = check_reply(req, result.text)
         return result
 
 

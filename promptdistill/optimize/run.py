@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult, Message, canonical_json
+from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult, canonical_json
 from promptdistill.errors import ConfigError
 from promptdistill.evaluate import EvalReport, evaluate, judge_cost
 from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_subsets, per_request_spec, with_fewshot
@@ -107,11 +107,12 @@ _TIMING_COST = 3
 """A TTFT timing request (sent alone) costs about as much time as this many batched LM calls."""
 
 
-class _Recorder(Engine):
+class _Recorder(EngineWrapper):
     """Counts every request and keeps each ``generate`` batch's results (per-record tokens)."""
 
     def __init__(self, engine: Engine):
-        self.engine, self.identity, self.calls = engine, engine.identity, 0
+        super().__init__(engine)
+        self.calls = 0
         self.batches: list[list[GenerationResult]] = []
 
     def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
@@ -120,17 +121,6 @@ class _Recorder(Engine):
         self.batches.append(results)
         return results
 
-    def apply_chat_template(self, messages: Sequence[Message]) -> str:
-        return self.engine.apply_chat_template(messages)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenize(text)
-
-    def count_tokens(self, messages: Sequence[Message] | str) -> int:
-        return self.engine.count_tokens(messages)
-
-    def reset_prefix_cache(self) -> bool:
-        return self.engine.reset_prefix_cache()
 
 
 def prefix_report(report: EvalReport, n: int) -> EvalReport:
