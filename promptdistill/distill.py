@@ -40,7 +40,7 @@ from promptdistill.distill_search import (
     select_winner,
     successive_halving,
 )
-from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult, Message
+from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult
 from promptdistill.evaluate import EvalReport, evaluate_many, judge_cost
 from promptdistill.judge_runner import JudgeRunner
 from promptdistill.render import render_text
@@ -100,24 +100,17 @@ class DistillConfig:
             raise ValueError(f"target_ratios must be in (0, 1), got {self.target_ratios}.")
 
 
-class _Meter(Engine):
-    """Counts every request that reaches the engine (the budget's LM calls)."""
+class _Meter(EngineWrapper):
+    """Counts every request that reaches the engine (the budget's LM calls). Token counts
+    go to the wrapped engine, so the distiller counts as the engine that serves it."""
 
     def __init__(self, engine: Engine):
-        self.engine, self.identity, self.calls = engine, engine.identity, 0
+        super().__init__(engine)
+        self.calls = 0
 
     def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
         self.calls += len(requests)
         return self.engine.generate(requests, progress=progress)
-
-    def apply_chat_template(self, messages: Sequence[Message]) -> str:
-        return self.engine.apply_chat_template(messages)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.engine.tokenize(text)
-
-    def reset_prefix_cache(self) -> bool:
-        return self.engine.reset_prefix_cache()
 
 
 class _Budget:
