@@ -11,19 +11,19 @@ import argparse
 import sys
 from typing import Any
 
+from promptdistill.cli.search_args import add_search_arguments, budget_values
+
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="prune and rewrite a spec's instruction; print clauses, candidates, winner")
-    p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
-    p.add_argument("--prompts-dir", default="prompts")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-calls", type=int, help="most LM calls for the search (default 300)")
-    p.add_argument("--budget-minutes", type=float, help="most minutes for the search (default 10)")
+    add_search_arguments(
+        p, calls_help="most LM calls for the search (default 300)",
+        minutes_help="most minutes for the search (default 10)",
+        dev_help="dev records of the full rung (default 16)", test_help="held-out test records (default 16)",
+    )
     p.add_argument("--minibatch", type=int, help="dev records per minibatch (default 8)")
-    p.add_argument("--dev", type=int, help="dev records of the full rung (default 16)")
-    p.add_argument("--test", type=int, help="held-out test records (default 16)")
     p.add_argument("--rounds", type=int, help="most rounds (default 2)")
     p.add_argument("--no-ablation", action="store_true", help="score clauses with the judge only")
     p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")
@@ -36,11 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _config(args: argparse.Namespace) -> Any:
     from promptdistill.distill import DistillConfig
 
-    changes = {
-        "seed": args.seed, "max_lm_calls": args.budget_calls, "max_minutes": args.budget_minutes,
-        "minibatch_size": args.minibatch, "dev_size": args.dev, "test_size": args.test, "max_rounds": args.rounds,
-    }
-    values = {k: v for k, v in changes.items() if v is not None}
+    values = budget_values(args, seed=args.seed, minibatch_size=args.minibatch, max_rounds=args.rounds)
     values.update(ablation=not args.no_ablation, rewrite=not args.no_rewrite, calibrate=not args.no_calibrate)
     try:
         return DistillConfig(**values)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from promptdistill.cli.search_args import add_search_arguments, budget_values
+
 __all__ = ["register"]
 
 MODEL_ROOTS = ("artifacts/ttft/models",)
@@ -21,13 +23,11 @@ MODEL_ROOTS = ("artifacts/ttft/models",)
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="tune few-shot examples and density against quality and predicted TTFT")
-    p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
-    p.add_argument("--prompts-dir", default="prompts")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-calls", type=int, help="most LM calls for the whole run (default 1200)")
-    p.add_argument("--budget-minutes", type=float, help="wall-clock limit of the run (default 8); the search shrinks to fit it")
-    p.add_argument("--dev", type=int, help="dev records of the last rung (default 40)")
-    p.add_argument("--test", type=int, help="held-out test records (default 40)")
+    add_search_arguments(
+        p, calls_help="most LM calls for the whole run (default 1200)",
+        minutes_help="wall-clock limit of the run (default 8); the search shrinks to fit it",
+        dev_help="dev records of the last rung (default 40)", test_help="held-out test records (default 40)",
+    )
     p.add_argument("--ttft-model", help="TTFT model folder (or a root with a LATEST pointer)")
     p.add_argument("--distilled", help="the distiller's candidate Parquet (instruction variants)")
     p.add_argument("--objective", choices=("min_ttft", "quality_minus_lambda_ttft"), default="min_ttft")
@@ -43,10 +43,8 @@ def _budget(args: argparse.Namespace) -> Any:
     from promptdistill.errors import ConfigError
     from promptdistill.optimize import OptimizeBudget, SelectionRule
 
-    changes = {"max_lm_calls": args.budget_calls, "max_minutes": args.budget_minutes, "dev_size": args.dev,
-               "test_size": args.test}
     try:
-        budget = OptimizeBudget(**{k: v for k, v in changes.items() if v is not None})
+        budget = OptimizeBudget(**budget_values(args))
         rule = SelectionRule(objective=args.objective, lam_per_ms=args.lam, ttft="cold" if args.cold else "warm")
     except ValueError as e:
         raise ConfigError(f"optimize: {e}") from None

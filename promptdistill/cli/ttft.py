@@ -118,20 +118,24 @@ def _profile(args: argparse.Namespace) -> int:
     return 0 if len(frame) else 1
 
 
-def _load(args: argparse.Namespace) -> tuple[object, list[str]]:
-    from promptdistill.ttft.fit import engine_rows
+def _load_and_fit(args: argparse.Namespace) -> tuple[object, list[str], object]:
+    """The chosen engine's profile rows, their files, and the models fitted on them.
+
+    ``fit`` and ``report`` share it so both see the same rows and the same contended-row
+    rule. Raises ValueError when the profiles cannot be read or fitted.
+    """
+    from promptdistill.ttft.fit import engine_rows, fit_models
 
     df, files = read_profiles(args.profiles)
-    return engine_rows(df, args.engine_key), files
+    df = engine_rows(df, args.engine_key)
+    return df, files, fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from promptdistill.ttft.fit import fit_models
     from promptdistill.ttft.model import TTFTModel
 
     try:
-        df, files = _load(args)
-        fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
+        df, files, fit = _load_and_fit(args)
     except ValueError as e:
         return _fail(e)
     model = TTFTModel.from_fit(fit, df, sources=files)
@@ -155,13 +159,11 @@ def _fit_table(fit: object) -> str:
 
 def _report(args: argparse.Namespace) -> int:
     from promptdistill.errors import IntegrityError
-    from promptdistill.ttft.fit import fit_models
     from promptdistill.ttft.model import TTFTModel
     from promptdistill.ttft.report import build_report
 
     try:
-        df, _ = _load(args)
-        fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
+        df, _, fit = _load_and_fit(args)
     except ValueError as e:
         return _fail(e)
     version = None

@@ -19,7 +19,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -43,6 +43,16 @@ def _num(value: Any, fmt: str = ".3f") -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     return format(value, fmt)
+
+
+def _section(title: str, frame: pd.DataFrame, row: Callable[[Any], str]) -> list[str]:
+    """A titled block of the summary: one indented line per row, then a blank line.
+
+    An empty table prints nothing at all, so a step that did not run leaves no heading.
+    """
+    if frame.empty:
+        return []
+    return [title, *(f"  {row(r)}" for r in frame.itertuples()), ""]
 
 
 @dataclass
@@ -122,25 +132,22 @@ class OptimizationResult:
                          f"{r.n_dev:>3} {_num(r.quality):>7} {ci:>13} {_num(r.diff_lower, '+.2f'):>6}  {r.verdict[:60]}")
         lines += ["  (* winner, B baseline, P on the Pareto front; cold/warm: predicted TTFT in ms; "
                   "lowb: paired lower bound vs baseline)", ""]
-        if not self.tradeoff.empty:
-            lines.append("Cache trade-off (minibatch quality; predicted TTFT cold -> warm)")
-            for r in self.tradeoff.itertuples():
-                lines.append(f"  {r.strategy:<8} k={r.k:<2} quality {_num(r.minibatch_quality)}  "
-                             f"{_num(r.ttft_cold_ms, '.0f')} -> {_num(r.ttft_warm_ms, '.0f')} ms "
-                             f"(cached {_num(r.warm_cached_tokens, '.0f')} of {_num(r.total_tokens, '.0f')} tokens)")
-            lines.append("")
-        if not self.density_curve.empty:
-            lines.append("Quality vs semantic density (instruction variants, minibatch)")
-            for r in self.density_curve.itertuples():
-                lines.append(f"  density {r.semantic_density:.3f}  tokens {r.instruction_tokens:>5.0f}  quality "
-                             f"{_num(r.quality)}  best {_num(r.best_quality)}  {r.variant}{'  <- peak' if r.peak else ''}")
-            lines.append("")
-        if not self.formats.empty:
-            lines.append("Output format on dev (valid-JSON rate)")
-            for r in self.formats.itertuples():
-                lines.append(f"  {r.format:<17} valid {_num(r.valid_json_rate)}  quality {_num(r.quality)}"
-                             f"{'  <- published' if r.chosen else ''}")
-            lines.append("")
+        lines += _section(
+            "Cache trade-off (minibatch quality; predicted TTFT cold -> warm)", self.tradeoff,
+            lambda r: f"{r.strategy:<8} k={r.k:<2} quality {_num(r.minibatch_quality)}  "
+                      f"{_num(r.ttft_cold_ms, '.0f')} -> {_num(r.ttft_warm_ms, '.0f')} ms "
+                      f"(cached {_num(r.warm_cached_tokens, '.0f')} of {_num(r.total_tokens, '.0f')} tokens)",
+        )
+        lines += _section(
+            "Quality vs semantic density (instruction variants, minibatch)", self.density_curve,
+            lambda r: f"density {r.semantic_density:.3f}  tokens {r.instruction_tokens:>5.0f}  quality "
+                      f"{_num(r.quality)}  best {_num(r.best_quality)}  {r.variant}{'  <- peak' if r.peak else ''}",
+        )
+        lines += _section(
+            "Output format on dev (valid-JSON rate)", self.formats,
+            lambda r: f"{r.format:<17} valid {_num(r.valid_json_rate)}  quality {_num(r.quality)}"
+                      f"{'  <- published' if r.chosen else ''}",
+        )
         lines.append(f"{'':<22} {'baseline':>12} {'winner':>12}")
         for key, label, fmt in (
             ("dev_mean", "dev quality", ".3f"), ("test_mean", "test quality", ".3f"),

@@ -1,0 +1,38 @@
+"""Arguments shared by the commands that search over a spec's prompt (distill, optimize).
+
+Both take a spec, a seed and the same budget flags, and both map those flags onto the
+config fields their searches share, so the flag names and the mapping live here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["add_search_arguments", "budget_values"]
+
+
+def add_search_arguments(
+    p: argparse.ArgumentParser, *, calls_help: str, minutes_help: str, dev_help: str, test_help: str
+) -> None:
+    """Add the spec name, ``--prompts-dir``, ``--seed`` and the budget flags to ``p``.
+
+    The help texts are the caller's: each search has its own defaults and meaning of a budget.
+    """
+    p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
+    p.add_argument("--prompts-dir", default="prompts")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-calls", type=int, help=calls_help)
+    p.add_argument("--budget-minutes", type=float, help=minutes_help)
+    p.add_argument("--dev", type=int, help=dev_help)
+    p.add_argument("--test", type=int, help=test_help)
+
+
+def budget_values(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """The budget flags (and ``extra`` config fields) that were given, by config field name.
+
+    Flags left unset are left out, so the config's own defaults apply.
+    """
+    given = {"max_lm_calls": args.budget_calls, "max_minutes": args.budget_minutes, "dev_size": args.dev,
+             "test_size": args.test, **extra}
+    return {k: v for k, v in given.items() if v is not None}
