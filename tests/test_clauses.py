@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bundled_specs import load_spec
 from promptdistill.clauses import (
     apply_clauses,
     join_clauses,
@@ -16,13 +15,6 @@ from promptdistill.clauses import (
     split_clauses,
     split_text_clauses,
 )
-from promptdistill.specs import load_spec as _load_spec
-
-PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
-
-
-def load_spec(name):
-    return _load_spec(name, prompts_dir=PROMPTS)
 
 SPEC_NAMES = ["ticket_triage", "word_problems", "format_rules", "summarize", "invoice_extraction"]
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from bundled_specs import load_spec
 from fakes import FakeEngine
 from promptdistill.clauses import Clause, split_clauses
 from promptdistill.distill import DistillConfig, distill, split_records
@@ -21,14 +21,6 @@ from promptdistill.distill_search import (
     successive_halving,
 )
 from promptdistill.evaluate import EvalReport
-from promptdistill.specs import load_spec as _load_spec
-
-PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
-
-
-def load_spec(name):
-    return _load_spec(name, prompts_dir=PROMPTS)
-
 
 MAIN_RULE = "If a ticket mentions more than one problem"
 

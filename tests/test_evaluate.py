@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from bundled_specs import load_spec
 from fakes import FakeEngine
 from promptdistill.clauses import apply_clauses, split_clauses
 from promptdistill.evaluate import evaluate, evaluate_many
 from promptdistill.judge_runner import JudgeRunner
-from promptdistill.specs import load_spec as _load_spec
 from promptdistill.specs import spec_messages
-
-PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
-
-
-def load_spec(name):
-    return _load_spec(name, prompts_dir=PROMPTS)
-
 
 RECORDS = [
     {"id": "r1", "inputs": {"ticket": "I was charged twice"}, "expected": {"label": "billing"}},
