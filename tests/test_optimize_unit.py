@@ -98,7 +98,17 @@ def test_winner_is_the_fastest_non_inferior_candidate_within_the_slo():
     ]
     winner, reason = select_winner(cands, BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=600)
     assert winner.id == "faster_ok"
-    assert "faster_ok" in reason and "140 ms" in reason
+    assert "faster_ok" in reason and "168 ms" in reason and "80% warm" in reason  # 0.8 x 140 + 0.2 x 280
+
+
+def test_expected_ttft_credits_a_pruned_prompt_the_warm_prediction_alone_would_not():
+    # Measured on ticket_triage: pruning cut the cold prediction 639 -> 255 ms, while the warm
+    # one rose 135 -> 141 ms (a shorter static prefix fills fewer 128-token cache blocks).
+    base = Scored("baseline", 0.25, 0.0, ttft_cold_ms=639, ttft_warm_ms=135)
+    pruned = Scored("pruned", 0.44, 0.0, ttft_cold_ms=255, ttft_warm_ms=141)
+    assert select_winner([pruned], base, SelectionRule(), max_drop=0.03, slo_ttft_ms=None)[0].id == "pruned"
+    assert select_winner([pruned], base, SelectionRule(ttft="warm"), max_drop=0.03, slo_ttft_ms=None)[0] is base
+    assert select_winner([pruned], base, SelectionRule(warm_share=1.0), max_drop=0.03, slo_ttft_ms=None)[0] is base
 
 
 def test_quality_minus_lambda_objective_trades_quality_for_ttft():
@@ -136,6 +146,8 @@ def test_cold_rule_uses_the_cold_prediction():
 
 
 def test_selection_rule_validates_its_fields():
+    with pytest.raises(ValueError, match="warm_share"):
+        SelectionRule(warm_share=1.5)
     with pytest.raises(ValueError, match="objective"):
         SelectionRule(objective="fastest")
     with pytest.raises(ValueError, match="ttft"):

@@ -32,7 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--distilled", help="the distiller's candidate Parquet (instruction variants)")
     p.add_argument("--objective", choices=("min_ttft", "quality_minus_lambda_ttft"), default="min_ttft")
     p.add_argument("--lam", type=float, default=0.0, help="quality per ms for quality_minus_lambda_ttft")
-    p.add_argument("--cold", action="store_true", help="apply the SLO to the cold TTFT prediction (default: warm)")
+    p.add_argument("--ttft", choices=["expected", "warm", "cold"], default="expected",
+                   help="which TTFT prediction the SLO and the objective use (default: expected, the mix below)")
+    p.add_argument("--warm-share", type=float, default=0.8,
+                   help="share of requests whose static prefix is cached, for the expected TTFT (default 0.8)")
     p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")
     p.add_argument("--out", help="output folder (default: STATE_DIR/optimize/NAME-seedS)")
     p.add_argument("--publish", action="store_true", help="publish the winner to the registry, labelled 'candidate'")
@@ -45,7 +48,8 @@ def _budget(args: argparse.Namespace) -> Any:
 
     try:
         budget = OptimizeBudget(**budget_values(args))
-        rule = SelectionRule(objective=args.objective, lam_per_ms=args.lam, ttft="cold" if args.cold else "warm")
+        rule = SelectionRule(objective=args.objective, lam_per_ms=args.lam, ttft=args.ttft,
+                             warm_share=args.warm_share)
     except ValueError as e:
         raise ConfigError(f"optimize: {e}") from None
     return budget, rule

@@ -60,6 +60,7 @@ def candidate_rows(run: _Run, cands: Sequence[OptCandidate], base: OptCandidate,
             "warm_cached_tokens": p.get("warm_cached_tokens"), "fewshot_tokens": p.get("fewshot_tokens"),
             "longest_prompt_tokens": p.get("longest_prompt_tokens"),
             "ttft_cold_ms": p.get("ttft_cold_ms"), "ttft_warm_ms": p.get("ttft_warm_ms"),
+            "ttft_expected_ms": p.get("ttft_expected_ms"),
             "rung": c.rung, "n_dev": c.n, "minibatch_quality": mean_of(c.report.scores[:mb]) if c.report else None,
             "quality": c.mean, "ci_low": ci.low if ci else None, "ci_high": ci.high if ci else None,
             "diff_mean": float(diffs.mean()) if diffs.size else None, "diff_lower": s.diff_lower,
@@ -161,7 +162,7 @@ def _dev_figures(cand: OptCandidate, run: _Run) -> dict[str, Any]:
     return {"candidate_id": cand.id, "variant": cand.variant, "strategy": cand.strategy, "k": cand.k,
             "dev_mean": ci.mean, "dev_ci_low": ci.low, "dev_ci_high": ci.high, "dev_n": ci.n,
             "dev_valid_json_rate": cand.report.valid_json_rate,
-            **{k: p.get(k) for k in ("ttft_cold_ms", "ttft_warm_ms", "total_tokens", "static_prefix_tokens",
+            **{k: p.get(k) for k in ("ttft_cold_ms", "ttft_warm_ms", "ttft_expected_ms", "total_tokens", "static_prefix_tokens",
                                      "warm_cached_tokens", "instruction_tokens", "semantic_density")}}
 
 
@@ -207,8 +208,8 @@ def finish(run: _Run, base: OptCandidate, grid: list[OptCandidate]) -> Optimizat
             winner_fig = {**_dev_figures(base, run), **_test_figures(run, win_rep, base_rep)}
         if run.budget.timing_records > 0:
             timing_rows = _timing(run, base, winner, final_spec, content)
-            baseline_fig.update(timing_summary(timing_rows, "baseline"))
-            winner_fig.update(timing_summary(timing_rows, "winner"))
+            baseline_fig.update(timing_summary(timing_rows, "baseline", run.rule.warm_share))
+            winner_fig.update(timing_summary(timing_rows, "winner", run.rule.warm_share))
     else:
         verification["note"] = "the dataset has no test records: nothing verified"
     winner_fig.update({"max_tokens": tb.max_tokens, "truncation_rate": tb.truncation_rate, "format": fmt})

@@ -39,7 +39,7 @@ from promptdistill.evaluate import EvalReport, evaluate, judge_cost
 from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_subsets, per_request_spec, with_fewshot
 from promptdistill.optimize.predict import predict_candidate, prefix_block_tokens
 from promptdistill.optimize.search import OptCandidate, rank_key, rung_sizes, successive_halving
-from promptdistill.optimize.select import SelectionRule
+from promptdistill.optimize.select import SelectionRule, expected_ttft
 from promptdistill.optimize.variants import instruction_variants
 from promptdistill.specs import Spec, build_system, select_examples, spec_messages
 
@@ -227,6 +227,8 @@ class _Run:
         cand.prediction = dict(predict_candidate(
             self.lm, self.model, cand.spec, sample, examples=cand.examples,
             fewshot_count=cand.k if cand.strategy == "similar" else None, block_tokens=self.block_tokens))
+        cand.prediction["ttft_expected_ms"] = expected_ttft(
+            cand.prediction["ttft_cold_ms"], cand.prediction["ttft_warm_ms"], self.rule.warm_share)
 
     def fits_context(self, cand: OptCandidate) -> bool:
         """Does the longest dev/test prompt leave room for ``max_tokens``?"""

@@ -5,7 +5,10 @@ All pure. The rule (``SelectionRule``), in words:
 1. A candidate *qualifies* when it was evaluated on every dev record, can be published
    as a static template, is non-inferior to the baseline (the paired bootstrap lower
    bound of ``candidate - baseline`` is at least ``-slo.max_quality_drop``) and its
-   predicted TTFT (warm by default) meets ``slo.ttft_ms``.
+   predicted TTFT meets ``slo.ttft_ms``. The TTFT is the *expected* one by default:
+   ``warm_share`` of the requests find the static prefix cached, the rest start cold.
+   (Warm alone hides what a shorter prompt saves: with 128-token cache blocks a pruned
+   instruction can leave a few more tokens uncached than the original.)
 2. Among qualifying candidates (the baseline included: it is trivially non-inferior)
    the winner has the lowest predicted TTFT (``objective="min_ttft"``) or the highest
    ``quality - lam_per_ms * ttft_ms`` (``objective="quality_minus_lambda_ttft"``).
@@ -26,10 +29,10 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Scored", "SelectionRule", "TokenBudget", "assess", "pareto_front", "pareto_mask", "select_winner", "token_budget"]
+__all__ = ["Scored", "SelectionRule", "TokenBudget", "assess", "expected_ttft", "pareto_front", "pareto_mask", "select_winner", "token_budget"]
 
 OBJECTIVES = ("min_ttft", "quality_minus_lambda_ttft")
-TTFT_KINDS = ("warm", "cold")
+TTFT_KINDS = ("expected", "warm", "cold")
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,12 @@ class SelectionRule:
     """'min_ttft' or 'quality_minus_lambda_ttft'."""
     lam_per_ms: float = 0.0
     """Quality points traded per millisecond (quality_minus_lambda_ttft only)."""
-    ttft: str = "warm"
-    """Which prediction the SLO and the objective use: 'warm' (static prefix cached) or 'cold'."""
+    ttft: str = "expected"
+    """Which prediction the SLO and the objective use: 'expected' (the mix below), 'warm'
+    (static prefix cached) or 'cold'."""
+    warm_share: float = 0.8
+    """Share of production requests whose static prefix is already in the prefix cache
+    (the 'expected' TTFT is ``warm_share * warm + (1 - warm_share) * cold``)."""
     confidence: float = 0.9
     """One-sided level of the paired bootstrap lower bound (non-inferiority)."""
     n_boot: int = 2000
@@ -58,6 +65,8 @@ class SelectionRule:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}.")
         if self.ttft not in TTFT_KINDS:
             raise ValueError(f"ttft must be one of {TTFT_KINDS}, got {self.ttft!r}.")
+        if not 0.0 <= self.warm_share <= 1.0:
+            raise ValueError(f"warm_share must be in [0, 1], got {self.warm_share}.")
         if self.lam_per_ms < 0:
             raise ValueError(f"lam_per_ms must be at least 0, got {self.lam_per_ms}.")
         if not 0.5 <= self.confidence < 1:
@@ -83,8 +92,20 @@ class Scored:
     publishable: bool = True
     """False for per-request example candidates (unless the rule allows them)."""
 
-    def ttft(self, kind: str) -> float:
+    def ttft(self, kind: str, warm_share: float = 0.8) -> float:
+        if kind == "expected":
+            return expected_ttft(self.ttft_cold_ms, self.ttft_warm_ms, warm_share)
         return self.ttft_warm_ms if kind == "warm" else self.ttft_cold_ms
+
+
+def expected_ttft(cold_ms: float, warm_ms: float, warm_share: float) -> float:
+    """Mean TTFT when ``warm_share`` of the requests find the static prefix cached.
+
+    Example:
+        >>> expected_ttft(600.0, 100.0, 0.75)
+        225.0
+    """
+    return warm_share * warm_ms + (1.0 - warm_share) * cold_ms
 
 
 def assess(cand: Scored, rule: SelectionRule, max_drop: float, slo_ttft_ms: float | None) -> tuple[bool, str]:
@@ -97,14 +118,14 @@ def assess(cand: Scored, rule: SelectionRule, max_drop: float, slo_ttft_ms: floa
         return False, "no scored records"
     if cand.diff_lower < -max_drop - 1e-12:
         return False, f"inferior: paired lower bound {cand.diff_lower:+.3f} < -{max_drop:g}"
-    ttft = cand.ttft(rule.ttft)
+    ttft = cand.ttft(rule.ttft, rule.warm_share)
     if slo_ttft_ms is not None and ttft > slo_ttft_ms:
         return False, f"misses the SLO: predicted {rule.ttft} TTFT {ttft:.0f} ms > {slo_ttft_ms:g} ms"
     return True, "qualifies"
 
 
 def _objective_key(cand: Scored, rule: SelectionRule) -> tuple:
-    ttft = cand.ttft(rule.ttft)
+    ttft = cand.ttft(rule.ttft, rule.warm_share)
     quality = cand.quality or 0.0
     if rule.objective == "min_ttft":
         return (ttft, -quality, cand.id)
@@ -127,18 +148,23 @@ def select_winner(
     pool.setdefault(baseline.id, baseline)
     verdicts = {cid: assess(c, rule, max_drop, slo_ttft_ms) for cid, c in pool.items()}
     qualifying = [c for cid, c in pool.items() if verdicts[cid][0]]
-    what = f"lowest predicted {rule.ttft} TTFT" if rule.objective == "min_ttft" else (
-        f"best quality - {rule.lam_per_ms:g} x {rule.ttft} TTFT (ms)")
-    slo = "no TTFT SLO" if slo_ttft_ms is None else f"SLO {rule.ttft} TTFT <= {slo_ttft_ms:g} ms"
+    kind = _kind_label(rule)
+    what = f"lowest predicted {kind} TTFT" if rule.objective == "min_ttft" else (
+        f"best quality - {rule.lam_per_ms:g} x {kind} TTFT (ms)")
+    slo = "no TTFT SLO" if slo_ttft_ms is None else f"SLO {kind} TTFT <= {slo_ttft_ms:g} ms"
     if qualifying:
         winner = min(qualifying, key=lambda c: _objective_key(c, rule))
         if winner.id == baseline.id:
             return baseline, (f"the baseline has the {what} of the {len(qualifying)} qualifying candidate(s) "
                               f"(non-inferior at {rule.confidence:.0%}, drop <= {max_drop:g}, {slo}); keeping it")
-        return winner, (f"{winner.id}: {what} ({winner.ttft(rule.ttft):.0f} ms vs baseline "
-                        f"{baseline.ttft(rule.ttft):.0f} ms) among {len(qualifying)} qualifying candidate(s) "
+        return winner, (f"{winner.id}: {what} ({winner.ttft(rule.ttft, rule.warm_share):.0f} ms vs baseline "
+                        f"{baseline.ttft(rule.ttft, rule.warm_share):.0f} ms) among {len(qualifying)} qualifying candidate(s) "
                         f"(non-inferior at {rule.confidence:.0%}, drop <= {max_drop:g}, {slo})")
     return baseline, _no_winner_reason(pool, verdicts, baseline, rule, max_drop, slo_ttft_ms)
+
+
+def _kind_label(rule: SelectionRule) -> str:
+    return f"expected ({rule.warm_share:.0%} warm)" if rule.ttft == "expected" else rule.ttft
 
 
 def _no_winner_reason(pool: dict[str, Scored], verdicts: dict[str, tuple[bool, str]], baseline: Scored,
@@ -149,9 +175,9 @@ def _no_winner_reason(pool: dict[str, Scored], verdicts: dict[str, tuple[bool, s
     parts = [f"no candidate qualifies: {len(complete)} of {len(pool)} evaluated on every dev record, "
              f"{len(noninferior)} non-inferior (paired {rule.confidence:.0%} lower bound >= -{max_drop:g})"]
     if slo_ttft_ms is not None and noninferior:
-        fastest = min(noninferior, key=lambda c: c.ttft(rule.ttft))
-        parts.append(f"none of them meets the SLO {rule.ttft} TTFT <= {slo_ttft_ms:g} ms "
-                     f"(fastest: {fastest.id} at {fastest.ttft(rule.ttft):.0f} ms)")
+        fastest = min(noninferior, key=lambda c: c.ttft(rule.ttft, rule.warm_share))
+        parts.append(f"none of them meets the SLO {_kind_label(rule)} TTFT <= {slo_ttft_ms:g} ms "
+                     f"(fastest: {fastest.id} at {fastest.ttft(rule.ttft, rule.warm_share):.0f} ms)")
     elif not noninferior:
         parts.append(f"the baseline itself: {verdicts[baseline.id][1]}")
     return "; ".join(parts) + "; keeping the baseline"

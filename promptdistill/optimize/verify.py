@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from promptdistill.engine.base import Engine, GenerationRequest
 from promptdistill.features import prompt_features
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
+from promptdistill.optimize.select import expected_ttft
 from promptdistill.render import render_messages
 from promptdistill.specs import Spec, spec_messages
 
@@ -90,8 +91,9 @@ def measure_ttft(
     return rows
 
 
-def timing_summary(rows: Sequence[Mapping[str, Any]], label: str) -> dict[str, Any]:
-    """Mean measured and predicted TTFT, cold and warm, for one template's rows."""
+def timing_summary(rows: Sequence[Mapping[str, Any]], label: str, warm_share: float = 0.8) -> dict[str, Any]:
+    """Mean measured and predicted TTFT, cold, warm and expected (``warm_share`` warm),
+    for one template's rows."""
     out: dict[str, Any] = {}
     for cache in ("cold", "warm"):
         sel = [r for r in rows if r["template"] == label and r["cache"] == cache]
@@ -106,5 +108,8 @@ def timing_summary(rows: Sequence[Mapping[str, Any]], label: str) -> dict[str, A
             f"abs_pct_err_{cache}": sum(errs) / len(errs) if errs else None,
             f"cached_tokens_{cache}": sum(r["cached_tokens"] for r in sel) / len(sel),
         })
+    for kind in ("measured", "predicted"):
+        cold, warm = out[f"{kind}_cold_ms"], out[f"{kind}_warm_ms"]
+        out[f"{kind}_expected_ms"] = None if cold is None or warm is None else expected_ttft(cold, warm, warm_share)
     out["timing_n"] = len({r["record_id"] for r in rows if r["template"] == label})
     return out
