@@ -120,6 +120,9 @@ class SpecsFailedError(PromptDistillError):
     def __str__(self) -> str:
         return str(self.args[0])
 
+    def __repr__(self) -> str:  # Prefect logs the repr: the message, not the whole summary
+        return f"{type(self).__name__}({self.args[0]!r})"
+
 
 BUDGET_PRESETS = {
     "smoke": "a few minutes for one small spec: plumbing checks and tests, figures not meaningful",
