@@ -42,6 +42,9 @@ def _quiet_defaults() -> None:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "TOKENIZERS_PARALLELISM": "false",
+        # vLLM's start-up warnings (no tcmalloc, no Triton on CPU) would bury the summary
+        # table on stdout; errors still show.
+        "VLLM_LOGGING_LEVEL": "ERROR",
     }.items():
         os.environ.setdefault(key, value)
     # Prefect's ephemeral server opens its SQLite database in PREFECT_HOME without creating
