@@ -10,7 +10,7 @@ flow runs every spec, and the target is about 20-30 minutes for all of them.
 
 Usage:
     python -m bench.bench_optimize [ticket_triage ...] [--budget-calls 1200] [--budget-minutes 8]
-        [--ttft-model artifacts/ttft/models] [--seed 0]
+        [--dev 40] [--test 40] [--ttft-model artifacts/ttft/models] [--seed 0]
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
     parser.add_argument("--budget-calls", type=int, default=1200)
     parser.add_argument("--budget-minutes", type=float, default=8.0)
+    parser.add_argument("--dev", type=int, default=40, help="dev records of the last rung")
+    parser.add_argument("--test", type=int, default=40, help="held-out test records")
     parser.add_argument("--ttft-model", default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -44,7 +46,8 @@ def main() -> None:
     from promptdistill.ttft.model import TTFTModel
 
     settings = load_settings()
-    budget = OptimizeBudget(max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes)
+    budget = OptimizeBudget(max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes, dev_size=args.dev,
+                            test_size=args.test)
     rows = []
     with load_engine(settings.engine) as engine:
         model = TTFTModel.load(find_ttft_model(args.ttft_model, settings.state_dir), engine_identity=engine.identity)

@@ -16,6 +16,7 @@ BENCHMARKS = [
     ["bench.bench_prefix_cache", "--records", "5"],
     ["bench.bench_ttft_model", "--budget-s", "420"],
     ["bench.bench_optimize"],
+    ["bench.bench_mipro", "--train", "24", "--dev", "16", "--test", "16", "--num-threads", "8"],
 ]
 
 

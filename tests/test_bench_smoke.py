@@ -1,0 +1,228 @@
+"""Every benchmark of ``bench/run_all.py`` at its smallest size: it runs and its report has every field.
+
+No timing assertion: a figure's value depends on the machine and its load; what is
+checked is that each script runs to the end as a subprocess (as ``make bench`` runs it)
+and writes a report with every field, of a sane type, stamped with the machine and the
+commit. Reports go to a temporary folder (``PROMPTDISTILL_BENCH_DIR``), and so does the
+state dir (``PROMPTDISTILL_STATE_DIR``: LM caches, optimizer outputs).
+
+The optimizer benchmarks need a TTFT model for this engine: the project's fitted one when
+there is one, otherwise one fitted here from a short real profile (as
+``test_optimize_engine.py`` does), saved to a temporary folder and passed by ``--ttft-model``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 900
+
+
+def run_bench(module: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PROMPTDISTILL_BENCH_DIR": str(tmp_path / "bench"),
+        "PROMPTDISTILL_STATE_DIR": str(tmp_path / "state"),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    print(f"{module} {' '.join(args)}: exit {proc.returncode} in {time.monotonic() - started:.1f} s")
+    assert proc.returncode == 0, (f"{module} failed with exit {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-3000:]}"
+                                  f"\n--- stderr (tail)\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def read_report(tmp_path: Path, name: str) -> dict[str, Any]:
+    """The JSON report ``name`` with its stamp checked (and its markdown beside it)."""
+    path = tmp_path / "bench" / f"{name}.json"
+    assert path.is_file(), f"no report at {path}"
+    assert (tmp_path / "bench" / f"{name}.md").is_file()
+    report = json.loads(path.read_text())
+    assert report["benchmark"] == name
+    assert isinstance(report["timestamp"], str) and report["timestamp"]
+    assert isinstance(report["commit"], str) and report["commit"]
+    machine = report["machine"]
+    assert isinstance(machine["hardware"], str) and machine["hardware"]
+    assert isinstance(machine["cores"], int) and machine["cores"] >= 1
+    assert isinstance(machine["python"], str) and isinstance(machine["platform"], str)
+    return report
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def numbers(d: Mapping[str, Any], keys: Iterable[str], where: str = "") -> None:
+    for k in keys:
+        assert k in d, f"{where}{k}: missing"
+        assert is_number(d[k]), f"{where}{k}: not a number: {d[k]!r}"
+
+
+def number_or_none(d: Mapping[str, Any], keys: Iterable[str], where: str = "") -> None:
+    for k in keys:
+        assert k in d, f"{where}{k}: missing"
+        assert d[k] is None or is_number(d[k]), f"{where}{k}: not a number: {d[k]!r}"
+
+
+def check_identity(identity: Mapping[str, Any]) -> None:
+    for k in ("model", "backend", "dtype", "hardware", "engine_version"):
+        assert isinstance(identity[k], str) and identity[k], k
+    assert isinstance(identity["max_model_len"], int)
+
+
+# -- bench_client (no engine) ----------------------------------------------------------------
+
+
+def test_bench_client(tmp_path):
+    proc = run_bench("bench.bench_client", "--iterations", "200", tmp_path=tmp_path)
+    # bench_client prints its report (it does not go through bench.common.write_report).
+    report = json.loads(proc.stdout)
+    assert isinstance(report["benchmark"], str) and isinstance(report["goal"], str)
+    assert isinstance(report["met"], bool)
+    assert report["template"]["ref"] and isinstance(report["template"]["system_chars"], int)
+    assert report["template"]["inputs"] == ["ticket", "tier"]
+    for name in ("get_render_warm", "get_warm", "render", "request_body", "parse", "get_label_refresh", "get_cold"):
+        numbers(report["results"][name], ("n", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us"), f"{name}.")
+        assert report["results"][name]["n"] >= 1
+    machine = report["machine"]
+    assert isinstance(machine["cpu"], str) and machine["cores"] >= 1 and isinstance(machine["python"], str)
+
+
+# -- engine benchmarks ------------------------------------------------------------------------------
+
+
+def check_side(side: Mapping[str, Any], where: str) -> None:
+    numbers(side, ("wall_s", "requests_per_s", "completion_tokens", "valid_share"), where)
+    for key in ("latency_ms", "ttft_ms"):
+        numbers(side[key], ("p50", "p95", "n"), f"{where}{key}.")
+
+
+@pytest.mark.engine
+def test_bench_batching(tmp_path):
+    run_bench("bench.bench_batching", "--requests", "4", "--max-tokens", "4", tmp_path=tmp_path)
+    report = read_report(tmp_path, "batching")
+    assert report["requests"] == 4 and report["max_tokens"] == 4
+    r = report["in_process"]
+    check_identity(r["identity"])
+    check_side(r["serial"], "serial.")
+    check_side(r["batched"], "batched.")
+    numbers(r, ("throughput_ratio",))
+
+
+@pytest.mark.engine
+def test_bench_prefix_cache(tmp_path):
+    # An empty registry: the bundled specs (with their examples) are measured.
+    run_bench("bench.bench_prefix_cache", "--records", "2", "--registry", str(tmp_path / "registry"), tmp_path=tmp_path)
+    report = read_report(tmp_path, "prefix_cache")
+    check_identity(report["identity"])
+    assert report["templates"], "no template measured"
+    for ref, row in report["templates"].items():
+        numbers(row, ("prompt_tokens", "cold_ttft_ms_p50", "warm_ttft_ms_p50", "warm_over_cold", "cached_share_p50",
+                      "records"), f"{ref}.")
+        assert row["records"] == 2
+
+
+@pytest.mark.engine
+def test_bench_ttft_model(tmp_path):
+    run_bench("bench.bench_ttft_model", "--budget-s", "60", "--points", "8", "--repeats", "1",
+              "--out", str(tmp_path / "profiles"), tmp_path=tmp_path)
+    report = read_report(tmp_path, "ttft_model")
+    numbers(report, ("budget_s", "points", "repeats"))
+    r = report["by_backend"]["vllm-local"]
+    assert isinstance(r["chosen"], str) and r["chosen"] in r["candidates"]
+    numbers(r, ("heldout_mape", "heldout_r2", "p50_abs_err_ms", "p95_abs_err_ms"))
+    assert isinstance(r["meets_target_10pct"], bool) and isinstance(r["meets_goal_5pct"], bool)
+    assert isinstance(r["rows"], dict) and is_number(r["rows"]["rows_used"]) and is_number(r["rows"]["rows_contended"])
+    numbers(r["profile"], ("measurements", "planned", "elapsed_s"), "profile.")
+    assert r["profile"]["measurements"] >= 1 and isinstance(r["profile"]["stopped"], str)
+    for name, scores in r["candidates"].items():
+        assert scores and all(is_number(v) for v in scores.values()), name
+
+
+@pytest.fixture(scope="module")
+def ttft_model_dir(engine, tmp_path_factory):
+    """A TTFT model folder for this engine: the project's, else fitted here from a short real profile."""
+    from promptdistill.cli.optimize import find_ttft_model
+    from promptdistill.config import load_settings
+    from promptdistill.errors import PromptDistillError
+    from promptdistill.ttft import ProfileConfig, TTFTModel, fit_models, run_profile
+
+    try:
+        path = find_ttft_model(None, load_settings().state_dir)
+        TTFTModel.load(path, engine_identity=engine.identity)
+        return path
+    except PromptDistillError:
+        pass
+    config = ProfileConfig(points=12, repeats=1, spec_records=0, density_probe_tokens=(), fewshot_probe=False,
+                           warmup=1, budget_s=900.0, max_tokens=640, max_retries=0, quiet_wait_s=0)
+    profile = run_profile(engine, config, progress=False)
+    fit = fit_models(profile.frame, n_splits=3, drop_contended=False)
+    root = tmp_path_factory.mktemp("ttft") / "models"
+    TTFTModel.from_fit(fit, profile.frame).save_versioned(root)
+    return root
+
+
+OPTIMIZE_NUMBERS = ("minutes", "lm_calls", "real_lm_calls", "timing_requests", "candidates", "complete", "variants",
+                    "baseline_dev_mean", "baseline_test_mean", "baseline_ttft_warm_ms", "baseline_ttft_cold_ms",
+                    "baseline_measured_warm_ms", "baseline_measured_cold_ms", "winner_dev_mean", "winner_test_mean",
+                    "winner_ttft_warm_ms", "winner_ttft_cold_ms", "winner_measured_warm_ms",
+                    "winner_measured_cold_ms", "max_tokens", "truncation_rate")
+
+
+@pytest.mark.engine
+def test_bench_optimize(tmp_path, ttft_model_dir):
+    run_bench("bench.bench_optimize", "ticket_triage", "--budget-calls", "200", "--budget-minutes", "10",
+              "--dev", "4", "--test", "4", "--ttft-model", str(ttft_model_dir), tmp_path=tmp_path)
+    report = read_report(tmp_path, "optimize")
+    numbers(report, ("total_minutes",))
+    assert report["budget"]["dev_size"] == 4 and report["budget"]["test_size"] == 4
+    (row,) = report["specs"]
+    assert row["spec"] == "ticket_triage"
+    numbers(row, OPTIMIZE_NUMBERS, "ticket_triage.")
+    assert isinstance(row["winner"], str) and isinstance(row["kept_baseline"], bool)
+    assert isinstance(row["reason"], str) and row["reason"]
+    assert row["stop"] is None or isinstance(row["stop"], str)
+    number_or_none(row, ("winner_test_equivalence",), "ticket_triage.")
+    # ticket_triage has an output schema: the three formats were compared.
+    number_or_none(row, ("valid_constrained",), "ticket_triage.")
+    assert (tmp_path / "state" / "optimize" / "ticket_triage-seed0").is_dir()
+
+
+MIPRO_SIDE = ("test_mean", "test_ci_low", "test_ci_high", "test_n", "lm_calls", "minutes", "prompt_tokens",
+              "instruction_tokens", "ttft_cold_ms", "ttft_warm_ms", "examples")
+MIPRO_RATIOS = ("lm_calls_ours_over_mipro", "minutes_ours_over_mipro", "prompt_tokens_ours_over_mipro",
+                "ttft_cold_ms_ours_over_mipro", "test_mean_ours_minus_mipro")
+
+
+@pytest.mark.engine
+def test_bench_mipro(tmp_path, ttft_model_dir):
+    run_bench("bench.bench_mipro", "ticket_triage", "--train", "4", "--dev", "4", "--test", "4", "--num-threads", "4",
+              "--max-bootstrapped-demos", "1", "--max-labeled-demos", "1", "--proposer-max-tokens", "96",
+              "--budget-calls", "200", "--timing-records", "1", "--ttft-model", str(ttft_model_dir),
+              tmp_path=tmp_path)
+    report = read_report(tmp_path, "mipro")
+    check_identity(report["identity"])
+    assert report["config"]["mipro_auto"] == "light" and isinstance(report["config"]["dspy_version"], str)
+    r = report["specs"]["ticket_triage"]
+    assert r["split"] == {"train": 4, "dev": 4, "test": 4}
+    for side in ("ours", "mipro"):
+        numbers(r[side], MIPRO_SIDE, f"{side}.")
+        assert r[side]["test_n"] == 4 and r[side]["lm_calls"] >= 1 and r[side]["prompt_tokens"] > 0
+        assert r[side]["ttft_cold_ms"] > 0
+    numbers(r["mipro"], ("test_eval_calls", "dspy_prompt_tokens", "test_mean_as_template"), "mipro.")
+    assert isinstance(r["mipro"]["instruction"], str) and r["mipro"]["instruction"]
+    numbers(r["ratios"], MIPRO_RATIOS, "ratios.")
