@@ -40,8 +40,9 @@ $(STAMP): pyproject.toml
 model: setup
 	$(PY) -m promptdistill model
 
+# The nightly flow over every bundled spec, in Prefect's ephemeral mode, 'quick' budget.
 run: model
-	$(PY) -m promptdistill generate
+	$(PY) -m promptdistill nightly --budget quick
 
 test: model
 	$(PY) -m pytest --timeout 1800
