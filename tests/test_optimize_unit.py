@@ -145,6 +145,17 @@ def test_cold_rule_uses_the_cold_prediction():
     assert winner is BASE and "cold" in reason
 
 
+def test_a_metric_that_scores_every_baseline_reply_zero_keeps_the_baseline():
+    # SmolLM2-135M as the rubric judge of the summary task gave every reply the lowest score.
+    fast = Scored("fast", 0.0, 0.0, ttft_cold_ms=100, ttft_warm_ms=50)
+    winner, reason = select_winner([fast], BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=None,
+                                   baseline_scores=[0.0, 0.0, 0.0])
+    assert winner is BASE and "does not measure quality" in reason
+    winner, _ = select_winner([fast], BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=None,
+                              baseline_scores=[0.0, 1.0, 0.0])
+    assert winner.id == "fast"
+
+
 def test_selection_rule_validates_its_fields():
     with pytest.raises(ValueError, match="warm_share"):
         SelectionRule(warm_share=1.5)

@@ -174,7 +174,8 @@ def finish(run: _Run, base: OptCandidate, grid: list[OptCandidate]) -> Optimizat
                          "extrapolates for these prompts; profile and refit it on a larger design")
     scored = {c.id: _scored(run, c, base) for c in cands}
     pick, reason = select_winner([scored[c.id] for c in grid], scored[base.id], run.rule,
-                                 max_drop=run.max_drop, slo_ttft_ms=run.spec.slo.ttft_ms)
+                                 max_drop=run.max_drop, slo_ttft_ms=run.spec.slo.ttft_ms,
+                                 baseline_scores=base.report.scores if base.report else None)
     winner = next(c for c in cands if c.id == pick.id)
     formats, fmt, final_spec, constrained, fmt_results = choose_format(run, winner)
     tb = _budget_from(fmt_results)

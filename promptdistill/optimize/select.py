@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Scored", "SelectionRule", "TokenBudget", "assess", "expected_ttft", "pareto_front", "pareto_mask", "select_winner", "token_budget"]
+__all__ = ["Scored", "SelectionRule", "TokenBudget", "assess", "expected_ttft", "pareto_front", "pareto_mask", "select_winner", "token_budget", "unmeasured_quality"]
 
 OBJECTIVES = ("min_ttft", "quality_minus_lambda_ttft")
 TTFT_KINDS = ("expected", "warm", "cold")
@@ -132,8 +132,31 @@ def _objective_key(cand: Scored, rule: SelectionRule) -> tuple:
     return (-(quality - rule.lam_per_ms * ttft), ttft, cand.id)
 
 
+def unmeasured_quality(baseline_scores: Sequence[float | None]) -> str | None:
+    """Why the metric cannot show a candidate non-inferior on these records, or None.
+
+    When the baseline scores 0 on every dev record (or none could be scored), any
+    candidate is trivially "no worse": the metric (often a judge too small for the
+    task) measures nothing, so shorter prompts would win on TTFT alone.
+
+    Example:
+        >>> unmeasured_quality([0.0, 0.0, None])
+        'the baseline scores 0 on every scored dev record (2 of 3): the metric does not measure quality here'
+        >>> unmeasured_quality([0.0, 0.5]) is None
+        True
+    """
+    scored = [s for s in baseline_scores if s is not None]
+    if not scored:
+        return "no dev record of the baseline could be scored: the metric does not measure quality here"
+    if all(s == 0.0 for s in scored):
+        return (f"the baseline scores 0 on every scored dev record ({len(scored)} of {len(baseline_scores)}): "
+                "the metric does not measure quality here")
+    return None
+
+
 def select_winner(
-    candidates: Sequence[Scored], baseline: Scored, rule: SelectionRule, *, max_drop: float, slo_ttft_ms: float | None
+    candidates: Sequence[Scored], baseline: Scored, rule: SelectionRule, *, max_drop: float, slo_ttft_ms: float | None,
+    baseline_scores: Sequence[float | None] | None = None,
 ) -> tuple[Scored, str]:
     """Apply the rule. Returns (winner, reason); the winner is ``baseline`` when nothing qualifies.
 
@@ -143,7 +166,12 @@ def select_winner(
         rule: the selection rule.
         max_drop: the spec's allowed quality drop (``slo.max_quality_drop``).
         slo_ttft_ms: the spec's TTFT target; None: no target.
+        baseline_scores: the baseline's per-record dev scores; when they show the metric
+            measures nothing (``unmeasured_quality``), the baseline is kept.
     """
+    unmeasured = unmeasured_quality(baseline_scores) if baseline_scores is not None else None
+    if unmeasured:
+        return baseline, f"{unmeasured}; keeping the baseline"
     pool = {c.id: c for c in candidates}
     pool.setdefault(baseline.id, baseline)
     verdicts = {cid: assess(c, rule, max_drop, slo_ttft_ms) for cid, c in pool.items()}
