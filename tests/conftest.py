@@ -44,3 +44,29 @@ def engine(model_dir):
     eng = load_engine(EngineConfig(backend="local", model=str(model_dir)))
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="session")
+def ttft_model_dir(engine, tmp_path_factory):
+    """A TTFT model folder for the session engine: the project's when it has one for this
+    engine, else fitted once here from a short real profile (a few minutes at most)."""
+    from promptdistill.cli.optimize import find_ttft_model
+    from promptdistill.config import load_settings
+    from promptdistill.errors import PromptDistillError
+    from promptdistill.ttft import ProfileConfig, TTFTModel, fit_models, run_profile
+
+    try:
+        path = find_ttft_model(None, load_settings().state_dir)
+        TTFTModel.load(path, engine_identity=engine.identity)
+        return path
+    except PromptDistillError:
+        pass
+    # Short prompts (the optimizer's candidates have 200-600 tokens), no waiting for a quiet
+    # CPU and no re-measuring: a small real model, fitted in bounded time on a shared machine.
+    config = ProfileConfig(points=12, repeats=1, spec_records=0, density_probe_tokens=(), fewshot_probe=False,
+                           warmup=1, budget_s=900.0, max_tokens=640, max_retries=0, quiet_wait_s=0)
+    profile = run_profile(engine, config, progress=False)
+    fit = fit_models(profile.frame, n_splits=3, drop_contended=False)
+    root = tmp_path_factory.mktemp("ttft") / "models"
+    TTFTModel.from_fit(fit, profile.frame).save_versioned(root)
+    return root

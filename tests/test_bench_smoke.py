@@ -153,29 +153,6 @@ def test_bench_ttft_model(tmp_path):
         assert scores and all(is_number(v) for v in scores.values()), name
 
 
-@pytest.fixture(scope="module")
-def ttft_model_dir(engine, tmp_path_factory):
-    """A TTFT model folder for this engine: the project's, else fitted here from a short real profile."""
-    from promptdistill.cli.optimize import find_ttft_model
-    from promptdistill.config import load_settings
-    from promptdistill.errors import PromptDistillError
-    from promptdistill.ttft import ProfileConfig, TTFTModel, fit_models, run_profile
-
-    try:
-        path = find_ttft_model(None, load_settings().state_dir)
-        TTFTModel.load(path, engine_identity=engine.identity)
-        return path
-    except PromptDistillError:
-        pass
-    config = ProfileConfig(points=12, repeats=1, spec_records=0, density_probe_tokens=(), fewshot_probe=False,
-                           warmup=1, budget_s=900.0, max_tokens=640, max_retries=0, quiet_wait_s=0)
-    profile = run_profile(engine, config, progress=False)
-    fit = fit_models(profile.frame, n_splits=3, drop_contended=False)
-    root = tmp_path_factory.mktemp("ttft") / "models"
-    TTFTModel.from_fit(fit, profile.frame).save_versioned(root)
-    return root
-
-
 OPTIMIZE_NUMBERS = ("minutes", "lm_calls", "real_lm_calls", "timing_requests", "candidates", "complete", "variants",
                     "baseline_dev_mean", "baseline_test_mean", "baseline_ttft_warm_ms", "baseline_ttft_cold_ms",
                     "baseline_measured_warm_ms", "baseline_measured_cold_ms", "winner_dev_mean", "winner_test_mean",

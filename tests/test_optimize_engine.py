@@ -32,21 +32,10 @@ BUDGET = OptimizeBudget(
 
 
 @pytest.fixture(scope="module")
-def ttft_model(engine):
-    from promptdistill.errors import PromptDistillError
-    from promptdistill.ttft import ProfileConfig, TTFTModel, fit_models, run_profile
+def ttft_model(engine, ttft_model_dir):
+    from promptdistill.ttft import TTFTModel
 
-    try:
-        return TTFTModel.load("artifacts/ttft/models", engine_identity=engine.identity)
-    except PromptDistillError:
-        pass
-    # Short prompts (the candidates here have 200-600 tokens), no waiting for a quiet CPU and
-    # no re-measuring: a small real model, fitted in bounded time even on a shared machine.
-    config = ProfileConfig(points=12, repeats=1, spec_records=0, density_probe_tokens=(), fewshot_probe=False,
-                           warmup=1, budget_s=900.0, max_tokens=640, max_retries=0, quiet_wait_s=0)
-    profile = run_profile(engine, config, progress=False)
-    fit = fit_models(profile.frame, n_splits=3, drop_contended=False)
-    return TTFTModel.from_fit(fit, profile.frame)
+    return TTFTModel.load(ttft_model_dir, engine_identity=engine.identity)
 
 
 @pytest.fixture(scope="module")
