@@ -16,7 +16,8 @@ faster prompt? For each spec (default ``ticket_triage`` and ``word_problems``):
   instruction is the spec's system text (instruction, context, rules), as ours starts;
 * LM calls counted the same way on both sides: generation requests that reached the
   engine (a counter right above it, below each side's cache: ours a fresh ``CachedEngine``,
-  MIPROv2 a fresh DSPy cache). Ours' count covers its whole run, its own held-out
+  MIPROv2 a fresh DSPy cache). Ours runs as the nightly pipeline does: the distiller
+  (quick budget; ``--no-distill`` skips it), then the optimizer. Ours' count covers both, its own held-out
   verification included; MIPROv2's covers ``compile``; scoring MIPROv2 on test is counted
   apart (``test_eval_calls``);
 * the resulting prompt, measured the same way for both: MIPROv2's instruction and demos
@@ -316,12 +317,23 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
         test_size=len(split["test"]), minibatch_size=min(8, len(split["dev"])), timing_records=0,
         fewshot_counts=tuple(k for k in (0, 2, 4, 8) if k <= len(split["train"])),
         format_size=min(16, len(split["dev"])))
-    print(f"[{name}] ours: optimize (budget {budget.max_lm_calls} LM calls, {budget.max_minutes:g} min)", flush=True)
     cached = CachedEngine(counter, folder / "lm_cache.sqlite")
+    started = time.monotonic()
     try:
-        result = optimize(cached, sub, ttft_model=model, budget=budget, seed=args.seed, timing_engine=engine)
+        distilled = None
+        if not args.no_distill:  # the pipeline's order: distill the instruction, then optimize
+            from promptdistill.distill import distill
+            from promptdistill.pipeline import budget_preset
+
+            config = budget_preset("quick")["distill"]
+            print(f"[{name}] ours: distill (quick budget, {config.max_lm_calls} LM calls at most)", flush=True)
+            distilled = distill(cached, sub, config=dataclasses.replace(config, seed=args.seed))
+        print(f"[{name}] ours: optimize (budget {budget.max_lm_calls} LM calls, {budget.max_minutes:g} min)", flush=True)
+        result = optimize(cached, sub, ttft_model=model, budget=budget, seed=args.seed, timing_engine=engine,
+                          distill_candidates=distilled)
     finally:
         cached.close()
+    ours_minutes = (time.monotonic() - started) / 60.0
     w = result.winner
     strategy, k = w.get("strategy"), int(w.get("k") or 0)
     records = test
@@ -329,7 +341,7 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
         records = with_fewshot(sub, test, SimilarExamples(sub, split["train"]).fit(), k)
     ours = {"test_mean": w.get("test_mean"), "test_ci_low": w.get("test_ci_low"), "test_ci_high": w.get("test_ci_high"),
             "test_n": w.get("test_n"), "lm_calls": counter.calls, "lm_requests": result.lm_calls,
-            "minutes": round(result.minutes, 3), "winner": result.winner_id, "kept_baseline": result.kept_baseline,
+            "minutes": round(ours_minutes, 3), "winner": result.winner_id, "kept_baseline": result.kept_baseline,
             "examples": k if strategy != "baseline" else len(result.winner_examples), "strategy": strategy,
             "stop": result.stop_reason}
     print(f"[{name}] ours: {result.winner_id}, test {ours['test_mean']}, {ours['lm_calls']} LM calls, "
@@ -412,6 +424,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget-calls", type=int, default=600, help="ours: most LM calls")
     p.add_argument("--budget-minutes", type=float, default=15.0, help="ours: wall-clock limit")
     p.add_argument("--timing-records", type=int, default=3, help="test records timed cold and warm per prompt")
+    p.add_argument("--no-distill", action="store_true", help="ours without the distiller (optimize the instruction as written)")
     p.add_argument("--ttft-model", default=None, help="TTFT model folder (default: as `promptdistill optimize`)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
