@@ -22,11 +22,11 @@ import argparse
 import gc
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 
+from bench.common import write_report
 from promptdistill.client import Templates
 from promptdistill.registry import Registry
 
@@ -73,17 +73,6 @@ def timed(fn, iterations: int) -> list[int]:
     return out
 
 
-def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "python": platform.python_version(), "platform": platform.platform()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=100_000)
@@ -124,16 +113,17 @@ def main(argv: list[str] | None = None) -> int:
             "get_cold": percentiles(cold),
         }
         report = {
-            "benchmark": "promptdistill.client get+render",
             "goal": "get_render_warm p99 < 1000 us",
             "met": results["get_render_warm"]["p99_us"] < 1000,
             "root": "temporary local folder" if not args.root else root,
             "template": {"ref": template.ref, "system_chars": len(template.content["system"]),
                          "inputs": list(template.inputs)},
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "results": results,
-            "machine": machine(),
         }
-    print(json.dumps(report, indent=2))
+    lines = ["# Registry client: get + render", "", "| operation | p50 us | p99 us | n |", "|---|---|---|---|"]
+    lines += [f"| {name} | {r['p50_us']} | {r['p99_us']} | {r['n']} |" for name, r in results.items()]
+    write_report("client", report, "\n".join(lines))
     return 0
 
 

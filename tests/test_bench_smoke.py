@@ -88,18 +88,14 @@ def check_identity(identity: Mapping[str, Any]) -> None:
 
 
 def test_bench_client(tmp_path):
-    proc = run_bench("bench.bench_client", "--iterations", "200", tmp_path=tmp_path)
-    # bench_client prints its report (it does not go through bench.common.write_report).
-    report = json.loads(proc.stdout)
-    assert isinstance(report["benchmark"], str) and isinstance(report["goal"], str)
-    assert isinstance(report["met"], bool)
+    run_bench("bench.bench_client", "--iterations", "200", tmp_path=tmp_path)
+    report = read_report(tmp_path, "client")
+    assert isinstance(report["goal"], str) and isinstance(report["met"], bool)
     assert report["template"]["ref"] and isinstance(report["template"]["system_chars"], int)
     assert report["template"]["inputs"] == ["ticket", "tier"]
     for name in ("get_render_warm", "get_warm", "render", "request_body", "parse", "get_label_refresh", "get_cold"):
         numbers(report["results"][name], ("n", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us"), f"{name}.")
         assert report["results"][name]["n"] >= 1
-    machine = report["machine"]
-    assert isinstance(machine["cpu"], str) and machine["cores"] >= 1 and isinstance(machine["python"], str)
 
 
 # -- engine benchmarks ------------------------------------------------------------------------------
