@@ -12,10 +12,10 @@ import sys
 
 BENCHMARKS = [
     ["bench.bench_client", "--iterations", "20000"],
-    ["bench.bench_batching", "--requests", "32", "--max-tokens", "24"],
+    ["bench.bench_batching", "--requests", "64", "--max-tokens", "24", "--server"],
     ["bench.bench_prefix_cache", "--records", "5"],
     ["bench.bench_ttft_model", "--budget-s", "420"],
-    ["bench.bench_optimize"],
+    ["bench.bench_optimize", "--budget-calls", "400", "--budget-minutes", "4", "--dev", "16", "--test", "16"],
     ["bench.bench_mipro", "--train", "24", "--dev", "16", "--test", "16", "--num-threads", "8"],
 ]
 

@@ -149,7 +149,8 @@ def test_bench_ttft_model(tmp_path):
         assert scores and all(is_number(v) for v in scores.values()), name
 
 
-OPTIMIZE_NUMBERS = ("minutes", "lm_calls", "real_lm_calls", "timing_requests", "candidates", "complete", "variants",
+OPTIMIZE_NUMBERS = ("minutes", "optimize_minutes", "baseline_instruction_tokens", "winner_instruction_tokens",
+                    "baseline_total_tokens", "winner_total_tokens", "lm_calls", "real_lm_calls", "timing_requests", "candidates", "complete", "variants",
                     "baseline_dev_mean", "baseline_test_mean", "baseline_ttft_warm_ms", "baseline_ttft_cold_ms",
                     "baseline_measured_warm_ms", "baseline_measured_cold_ms", "winner_dev_mean", "winner_test_mean",
                     "winner_ttft_warm_ms", "winner_ttft_cold_ms", "winner_measured_warm_ms",
@@ -159,7 +160,7 @@ OPTIMIZE_NUMBERS = ("minutes", "lm_calls", "real_lm_calls", "timing_requests", "
 @pytest.mark.engine
 def test_bench_optimize(tmp_path, ttft_model_dir):
     run_bench("bench.bench_optimize", "ticket_triage", "--budget-calls", "200", "--budget-minutes", "10",
-              "--dev", "4", "--test", "4", "--ttft-model", str(ttft_model_dir), tmp_path=tmp_path)
+              "--dev", "4", "--test", "4", "--no-distill", "--ttft-model", str(ttft_model_dir), tmp_path=tmp_path)
     report = read_report(tmp_path, "optimize")
     numbers(report, ("total_minutes",))
     assert report["budget"]["dev_size"] == 4 and report["budget"]["test_size"] == 4
