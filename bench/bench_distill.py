@@ -19,15 +19,12 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from bench.common import write_report  # noqa: E402
+from bench.common import bundled_specs, write_report  # noqa: E402
 from promptdistill.config import load_settings  # noqa: E402
-
-DEFAULT_SPECS = ("ticket_triage", "word_problems", "format_rules", "invoice_extraction", "summarize")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
+    parser.add_argument("specs", nargs="*", help="spec names (default: every spec in prompts/)")
     parser.add_argument("--budget-calls", type=int, default=600)
     parser.add_argument("--budget-minutes", type=float, default=20.0)
     parser.add_argument("--dev", type=int, default=24)
@@ -35,6 +32,7 @@ def main() -> None:
     parser.add_argument("--minibatch", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    args.specs = args.specs or bundled_specs()
 
     from promptdistill.cli.distill import format_result
     from promptdistill.distill import DistillConfig, distill

@@ -24,15 +24,12 @@ import time
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from bench.common import write_report  # noqa: E402
+from bench.common import bundled_specs, write_report  # noqa: E402
 from promptdistill.config import load_settings  # noqa: E402
-
-DEFAULT_SPECS = ("ticket_triage", "word_problems", "format_rules", "invoice_extraction", "summarize")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
+    parser.add_argument("specs", nargs="*", help="spec names (default: every spec in prompts/)")
     parser.add_argument("--budget-calls", type=int, default=1200)
     parser.add_argument("--budget-minutes", type=float, default=8.0)
     parser.add_argument("--dev", type=int, default=40, help="dev records of the last rung")
@@ -42,6 +39,7 @@ def main() -> None:
                         help="optimize the instruction as written (default: distill first, as the nightly flow does)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    args.specs = args.specs or bundled_specs()
 
     from promptdistill.cli.optimize import find_ttft_model
     from promptdistill.distill import distill

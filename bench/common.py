@@ -16,6 +16,13 @@ from promptdistill.engine.base import hardware_fingerprint
 REPORT_DIR = Path(os.environ.get("PROMPTDISTILL_BENCH_DIR", "artifacts/bench"))
 
 
+def bundled_specs(prompts_dir: str = "prompts") -> list[str]:
+    """The names of the specs in ``prompts_dir`` (every one, as the nightly flow runs them)."""
+    from promptdistill.pipeline import select_spec_files
+
+    return [path.stem for path in select_spec_files(prompts_dir)]
+
+
 def machine() -> dict[str, Any]:
     return {
         "hardware": hardware_fingerprint(),
