@@ -92,7 +92,8 @@ class Scored:
     publishable: bool = True
     """False for per-request example candidates (unless the rule allows them)."""
 
-    def ttft(self, kind: str, warm_share: float = 0.8) -> float:
+    def ttft(self, kind: str, warm_share: float) -> float:
+        """The prediction of ``kind``; ``warm_share`` is the rule's (used for 'expected')."""
         if kind == "expected":
             return expected_ttft(self.ttft_cold_ms, self.ttft_warm_ms, warm_share)
         return self.ttft_warm_ms if kind == "warm" else self.ttft_cold_ms
