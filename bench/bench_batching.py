@@ -20,13 +20,13 @@ from dataclasses import replace
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from bench.common import summary_ms, write_report  # noqa: E402
-from promptdistill.config import EngineConfig, load_settings  # noqa: E402
+from promptdistill.core.config import EngineConfig, load_settings  # noqa: E402
 from promptdistill.engine import GenerationRequest, load_engine, resolve_model  # noqa: E402
 
 
 def workload(n: int, max_tokens: int) -> list[GenerationRequest]:
     """Dev records of every bundled spec, round-robin, rendered by the one render path."""
-    from promptdistill.datasets import dataset_for, records
+    from promptdistill.specs.datasets import dataset_for, records
     from promptdistill.specs import load_specs, spec_messages
 
     per_spec = []

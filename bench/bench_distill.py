@@ -20,7 +20,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from bench.common import bundled_specs, write_report  # noqa: E402
-from promptdistill.config import load_settings  # noqa: E402
+from promptdistill.core.config import load_settings  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,7 +37,7 @@ def main() -> None:
     from promptdistill.cli.distill import format_result
     from promptdistill.distill import DistillConfig, distill
     from promptdistill.engine import load_engine
-    from promptdistill.lm_cache import CachedEngine
+    from promptdistill.engine.cache import CachedEngine
     from promptdistill.specs import load_spec
 
     settings = load_settings()

@@ -56,7 +56,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from bench.common import write_report  # noqa: E402
-from promptdistill.config import load_settings  # noqa: E402
+from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult  # noqa: E402
 
 DEFAULT_SPECS = ("ticket_triage", "word_problems")
@@ -81,7 +81,7 @@ class CallCounter(EngineWrapper):
         self.rejected = 0
 
     def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
-        from promptdistill.errors import PromptTooLongError
+        from promptdistill.core.errors import PromptTooLongError
 
         try:
             results = self.engine.generate(requests, progress=progress)
@@ -111,7 +111,7 @@ class CallCounter(EngineWrapper):
 
 def split_records(spec: Any, n_train: int, n_dev: int, n_test: int, seed: int) -> dict[str, list[dict]]:
     """The first ``n_train`` train records; dev and test shuffled by ``seed`` (as the optimizer does), cut."""
-    from promptdistill.datasets import dataset_for, records
+    from promptdistill.specs.datasets import dataset_for, records
 
     df = dataset_for(spec)
     rng = random.Random(seed)
@@ -123,7 +123,7 @@ def split_records(spec: Any, n_train: int, n_dev: int, n_test: int, seed: int) -
 
 def subset_spec(spec: Any, split: Mapping[str, Sequence[dict]], folder: Path) -> Any:
     """``spec`` on a dataset file holding exactly the split's records (what ours may see)."""
-    from promptdistill.datasets import write_records
+    from promptdistill.specs.datasets import write_records
 
     path = write_records(folder / spec.dataset.name, [*split["train"], *split["dev"], *split["test"]])
     return spec.with_changes(dataset=path)
@@ -157,7 +157,7 @@ def output_fields(spec: Any) -> dict[str, Any] | None:
 
 def start_instruction(spec: Any) -> str:
     """The spec's system text without examples: the instruction both optimizers start from."""
-    from promptdistill.render import render_text
+    from promptdistill.specs.render import render_text
     from promptdistill.specs import build_system
 
     return render_text(build_system(spec, ()), {})
@@ -200,7 +200,7 @@ def expected_of(spec: Any, example: Any) -> Any:
 
 
 def make_metric(spec: Any):
-    from promptdistill.metrics import score_reply
+    from promptdistill.specs.metrics import score_reply
 
     def metric(example: Any, pred: Any, trace: Any = None, *_: Any) -> float | bool:
         score = score_reply(spec.metric, reply_of(spec, pred), expected_of(spec, example), output_schema=spec.output_schema)
@@ -276,7 +276,7 @@ def prompt_figures(engine: Engine, model: Any, spec: Any, content: Mapping[str, 
                    fewshot_count: int | None, seed: int) -> dict[str, Any]:
     """Prompt and instruction tokens (engine tokenizer) and TTFT cold/warm (``measure_ttft``)."""
     from promptdistill.optimize.verify import measure_ttft
-    from promptdistill.render import render_messages
+    from promptdistill.specs.render import render_messages
 
     tokens = [engine.count_tokens(render_messages(content["system"], content["user"], r["inputs"])) for r in records]
     rows = measure_ttft(engine, content, spec, examples, records, model=model, n=n_timing, block_tokens=block_tokens,
@@ -293,7 +293,7 @@ def prompt_figures(engine: Engine, model: Any, spec: Any, content: Mapping[str, 
 
 def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from promptdistill.evaluate import evaluate
-    from promptdistill.lm_cache import CachedEngine
+    from promptdistill.engine.cache import CachedEngine
     from promptdistill.optimize import OptimizeBudget, SimilarExamples, bootstrap_ci, optimize, prefix_block_tokens
     from promptdistill.optimize.examples import with_fewshot
     from promptdistill.specs import load_spec, template_content
@@ -371,7 +371,7 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
 
     # -- both resulting prompts, timed one after the other by the optimizer's own function
     print(f"[{name}] timing both prompts ({args.timing_records} test records, cold and warm)", flush=True)
-    from promptdistill.render import render_messages
+    from promptdistill.specs.render import render_messages
 
     warmup = render_messages(result.content["system"], result.content["user"], records[0]["inputs"])
     engine.generate([GenerationRequest(messages=warmup, max_tokens=1)])  # discarded: the first timing after a pause

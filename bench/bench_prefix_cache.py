@@ -19,9 +19,9 @@ import statistics
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from bench.common import write_report  # noqa: E402
-from promptdistill.config import load_settings  # noqa: E402
+from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import GenerationRequest, load_engine  # noqa: E402
-from promptdistill.render import render_messages  # noqa: E402
+from promptdistill.specs.render import render_messages  # noqa: E402
 
 
 def templates_to_measure(registry_root: str | None) -> list[tuple[str, dict, str]]:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--registry", default=load_settings().registry)
     args = p.parse_args(argv)
 
-    from promptdistill.datasets import dataset_for, records
+    from promptdistill.specs.datasets import dataset_for, records
     from promptdistill.specs import load_spec
 
     rows = {}

@@ -21,7 +21,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from bench.common import write_report  # noqa: E402
-from promptdistill.config import load_settings  # noqa: E402
+from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import load_engine, resolve_model  # noqa: E402
 from promptdistill.ttft import ProfileConfig, fit_models, run_profile  # noqa: E402
 from promptdistill.ttft.fit import engine_rows  # noqa: E402

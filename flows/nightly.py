@@ -1,97 +1,11 @@
-"""The ``nightly`` flow: refresh the TTFT model if stale, optimize every spec, publish, report.
+"""This repository's Prefect entrypoint for the ``nightly`` flow (see ``prefect.yaml``).
 
-The outline (each step a task run in the Prefect UI):
-
-1. start the engine once for the run (or reuse the process's);
-2. TTFT model: refresh it when there is none for this engine identity or it is older
-   than ``ttft_max_age_hours`` (``pipeline.ttft_status``);
-3. per spec, one at a time on an in-process engine: prepare (validate, hash), distill
-   and optimize (each cached on its work key), publish (``candidate``; ``production`` when the gate passed
-   and ``allow_promotion``), record (artifacts, run logs);
-4. the night's report: a summary table across specs and the versions published.
-
-A failing spec fails its own tasks and shows up as ``failed`` in the summary; the others
-go on. The run ends Failed when any spec failed, after the report is written.
+The flow itself ships with the package: :mod:`promptdistill.flows.nightly`.
 """
 
-from __future__ import annotations
+from promptdistill.flows.nightly import nightly
 
-from typing import Any
-
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
-
-from flows.tasks import ensure_ttft_model, report_night, run_id_for, run_spec
-from promptdistill.config import load_settings
-from promptdistill.distill import DistillConfig
-from promptdistill.optimize import OptimizeBudget, SelectionRule
-from promptdistill.pipeline import SpecsFailedError, TTFTBudget, select_spec_files
-from promptdistill.pipeline_engine import engine_session
-from promptdistill.pipeline_report import format_summary_table
-
-run_spec_task = task(run_spec, name="spec", cache_policy=NO_CACHE)
-"""One spec's chain as a task of its own: what ``parallel=True`` submits to the task runner."""
-
-
-@flow(name="nightly")
-def nightly(
-    specs: list[str] | None = None,
-    budget: OptimizeBudget = OptimizeBudget(),
-    selection: SelectionRule = SelectionRule(),
-    distill: DistillConfig | None = DistillConfig(),
-    ttft_budget: TTFTBudget = TTFTBudget(),
-    ttft_max_age_hours: float = 168.0,
-    allow_promotion: bool = True,
-    seed: int = 0,
-    prompts_dir: str = "prompts",
-    parallel: bool = False,
-) -> Any:
-    """Optimize every spec (or the ones named) and publish the results.
-
-    Args:
-        specs: spec names (file stems in ``prompts_dir``); None: every spec.
-        budget: one spec's optimization budget (part of the cache key).
-        selection: how the optimizer picks the winner (part of the cache key).
-        distill: the distiller's settings (its seed is the run's); None: optimize the
-            instruction as written, without distilled variants.
-        ttft_budget: how much to measure when the TTFT model is refreshed.
-        ttft_max_age_hours: refresh a TTFT model older than this.
-        allow_promotion: move ``production`` to a result whose gate passed.
-        seed: the optimizer's seed (part of the cache key).
-        prompts_dir: where the specs live.
-        parallel: submit specs to the flow's task runner at once (server backend only:
-            the engine's global concurrency limit still bounds how many run together).
-
-    Returns:
-        ``{"run_id", "rows", "ttft", "failed"}``; the run is Failed if any spec failed.
-    """
-    logger = get_run_logger()
-    settings = load_settings()
-    run_id = run_id_for(flow_run.get_id())
-    paths = select_spec_files(prompts_dir, specs)
-    with engine_session(settings.engine) as engine:
-        ttft = ensure_ttft_model(settings.engine, engine, registry_root=settings.registry, max_age_hours=ttft_max_age_hours,
-                                 budget=ttft_budget, prompts_dir=prompts_dir, seed=seed, run_id=run_id)
-        common = dict(engine_config=settings.engine, engine_key=engine.identity.key(), budget=budget, selection=selection,
-                      distill=distill, seed=seed, ttft_version=ttft.get("model_version"), registry_root=settings.registry,
-                      allow_promotion=allow_promotion, run_id=run_id)
-        if parallel and settings.engine.backend == "local":
-            logger.warning("parallel=True needs the server backend (the in-process engine is not thread-safe): "
-                           "running specs one at a time")
-            parallel = False
-        if parallel:
-            futures = [run_spec_task.with_options(task_run_name=f"spec-{p.stem}").submit(str(p), **common) for p in paths]
-            rows = [f.result() for f in futures]
-        else:
-            rows = [run_spec(str(p), **common) for p in paths]
-    report_night(rows, ttft, settings.registry, run_id)
-    logger.info("summary:\n%s", format_summary_table(rows))
-    result = {"run_id": run_id, "rows": rows, "ttft": ttft, "failed": [r["template"] for r in rows if r["status"] == "failed"]}
-    if result["failed"]:
-        raise SpecsFailedError(f"{len(result['failed'])} of {len(rows)} specs failed: {', '.join(result['failed'])}", result)
-    return result
-
+__all__ = ["nightly"]
 
 if __name__ == "__main__":
     nightly()

@@ -1,66 +1,11 @@
-"""The ``optimize-prompt`` flow: one spec, published as a new version labelled ``candidate``.
+"""This repository's Prefect entrypoint for the ``optimize_prompt`` flow (see ``prefect.yaml``).
 
-``production`` moves to it only when the run's gate passed and ``allow_promotion`` is
-true (off by default for ad hoc runs). Uses the TTFT model for the current engine;
-fits one first when there is none.
+The flow itself ships with the package: :mod:`promptdistill.flows.optimize_prompt`.
 """
 
-from __future__ import annotations
+from promptdistill.flows.optimize_prompt import optimize_prompt
 
-from typing import Any
-
-from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
-
-from flows.tasks import ensure_ttft_model, run_id_for, run_spec
-from promptdistill.config import load_settings
-from promptdistill.distill import DistillConfig
-from promptdistill.optimize import OptimizeBudget, SelectionRule
-from promptdistill.pipeline import SpecsFailedError, TTFTBudget, select_spec_files
-from promptdistill.pipeline_engine import engine_session
-from promptdistill.pipeline_report import format_summary_table
-
-
-@flow(name="optimize-prompt")
-def optimize_prompt(
-    spec: str,
-    budget: OptimizeBudget = OptimizeBudget(),
-    selection: SelectionRule = SelectionRule(),
-    distill: DistillConfig | None = DistillConfig(),
-    allow_promotion: bool = False,
-    seed: int = 0,
-    prompts_dir: str = "prompts",
-    ttft_budget: TTFTBudget = TTFTBudget(),
-) -> Any:
-    """Optimize one spec and publish the result.
-
-    Args:
-        spec: the spec's name (its file stem in ``prompts_dir``).
-        budget: the optimization budget (part of the cache key).
-        selection: how the optimizer picks the winner (part of the cache key).
-        distill: the distiller's settings; None: no distilled instruction variants.
-        allow_promotion: move ``production`` to the result when its gate passed.
-        seed: the optimizer's seed (part of the cache key).
-        prompts_dir: where the specs live.
-        ttft_budget: how much to measure if this engine has no TTFT model yet.
-
-    Returns:
-        The spec's summary row; the run is Failed when the spec failed.
-    """
-    settings = load_settings()
-    run_id = run_id_for(flow_run.get_id())
-    (path,) = select_spec_files(prompts_dir, [spec])
-    with engine_session(settings.engine) as engine:
-        ttft = ensure_ttft_model(settings.engine, engine, registry_root=settings.registry, max_age_hours=None,
-                                 budget=ttft_budget, prompts_dir=prompts_dir, seed=seed, run_id=run_id)
-        row = run_spec(str(path), engine_config=settings.engine, engine_key=engine.identity.key(), budget=budget,
-                       selection=selection, distill=distill, seed=seed, ttft_version=ttft.get("model_version"),
-                       registry_root=settings.registry, allow_promotion=allow_promotion, run_id=run_id)
-    get_run_logger().info("summary:\n%s", format_summary_table([row]))
-    if row["status"] == "failed":
-        raise SpecsFailedError(f"{spec}: {row['error']}", {"run_id": run_id, "rows": [row], "ttft": ttft, "failed": [spec]})
-    return row
-
+__all__ = ["optimize_prompt"]
 
 if __name__ == "__main__":
     import sys

@@ -1,42 +1,11 @@
-"""The ``profile-ttft`` flow: measure TTFT on the configured engine, fit the model, publish it.
+"""This repository's Prefect entrypoint for the ``profile_ttft`` flow (see ``prefect.yaml``).
 
-Run it ad hoc (``prefect deployment run 'profile-ttft/profile-ttft'``) after changing the
-engine (model, dtype, hardware); the nightly flow calls the same tasks when the model for
-the current engine is missing or too old.
+The flow itself ships with the package: :mod:`promptdistill.flows.profile_ttft`.
 """
 
-from __future__ import annotations
+from promptdistill.flows.profile_ttft import profile_ttft
 
-from typing import Any
-
-from prefect import flow
-from prefect.runtime import flow_run
-
-from flows.tasks import fit_and_publish_ttft, measure_ttft, run_id_for, state_dir
-from promptdistill.config import load_settings
-from promptdistill.pipeline import TTFTBudget
-from promptdistill.pipeline_engine import engine_session
-
-
-@flow(name="profile-ttft")
-def profile_ttft(budget: TTFTBudget = TTFTBudget(), prompts_dir: str = "prompts", seed: int = 0) -> dict[str, Any]:
-    """Profile the engine, fit and select the TTFT model, publish it to the registry.
-
-    Args:
-        budget: how much to measure (sweep points, repeats, minutes).
-        prompts_dir: the specs whose prompts and datasets the profile is built from.
-        seed: the design's and the model selection's seed.
-
-    Returns:
-        The published model: engine key, registry version, chosen estimator, held-out scores.
-    """
-    settings = load_settings()
-    run_id = run_id_for(flow_run.get_id())
-    with engine_session(settings.engine):
-        measurements = measure_ttft(settings.engine, budget, prompts_dir, seed, str(state_dir() / "ttft" / "measurements"))
-    return fit_and_publish_ttft(measurements, settings.registry, run_id, seed, str(state_dir() / "ttft" / "reports"),
-                                budget.keep_contended)
-
+__all__ = ["profile_ttft"]
 
 if __name__ == "__main__":
     profile_ttft()

@@ -28,11 +28,14 @@ import threading
 import time
 from typing import Any, Mapping
 
-from promptdistill.errors import InvalidReplyError, RegistryError
+import jsonschema
+
+from promptdistill.core.config import load_settings
+from promptdistill.core.errors import InvalidReplyError, RegistryError
 from promptdistill.registry.backend import StoreUnavailableError
 from promptdistill.registry.records import VersionRecord, parse_ref
 from promptdistill.registry.store import Registry
-from promptdistill.render import placeholders, render_messages
+from promptdistill.specs.render import placeholders, render_messages
 
 __all__ = ["StoreUnavailableError", "Template", "Templates"]
 
@@ -65,8 +68,6 @@ class Template:
         self._schema = content.get("output_schema")
         self._validator = None
         if self._schema is not None:
-            import jsonschema
-
             self._validator = jsonschema.validators.validator_for(self._schema)(self._schema)
         fmt = content.get("response_format", "json_schema" if self._schema is not None else "none")
         response_format = None
@@ -176,8 +177,6 @@ class Template:
             value = json.loads(text)
         except json.JSONDecodeError as e:
             raise InvalidReplyError(f"{self.ref}: reply is not valid JSON ({e}); reply: {_excerpt(text)}") from None
-        import jsonschema
-
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
         if error is not None:
             path = "/".join(str(p) for p in error.absolute_path) or "(root)"
@@ -200,8 +199,6 @@ class Templates:
     def __init__(self, root: str | None = None, *, ttl_s: float = 60.0,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         if root is None:
-            from promptdistill.config import load_settings
-
             root = load_settings().registry
         if ttl_s < 0:
             raise ValueError(f"ttl_s must be >= 0, got {ttl_s}.")

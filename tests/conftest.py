@@ -38,7 +38,7 @@ def tokenizer(model_dir):
 @pytest.fixture(scope="session")
 def engine(model_dir):
     """The real in-process vLLM engine on SmolLM2-135M-Instruct (one per session)."""
-    from promptdistill.config import EngineConfig
+    from promptdistill.core.config import EngineConfig
     from promptdistill.engine import load_engine
 
     eng = load_engine(EngineConfig(backend="local", model=str(model_dir)))
@@ -51,8 +51,8 @@ def ttft_model_dir(engine, tmp_path_factory):
     """A TTFT model folder for the session engine: the project's when it has one for this
     engine, else fitted once here from a short real profile (a few minutes at most)."""
     from promptdistill.cli.optimize import find_ttft_model
-    from promptdistill.config import load_settings
-    from promptdistill.errors import PromptDistillError
+    from promptdistill.core.config import load_settings
+    from promptdistill.core.errors import PromptDistillError
     from promptdistill.ttft import ProfileConfig, TTFTModel, fit_models, run_profile
 
     try:

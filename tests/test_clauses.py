@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bundled_specs import load_spec
-from promptdistill.clauses import (
+from promptdistill.distill.clauses import (
     apply_clauses,
     join_clauses,
     mark_clause,

@@ -1,8 +1,10 @@
-"""``promptdistill nightly``'s set-up before Prefect is imported (no engine, no Prefect run)."""
+"""``promptdistill nightly``'s set-up: process defaults before Prefect starts."""
 
 from __future__ import annotations
 
-from promptdistill.cli import nightly as nightly_cli
+import os
+
+from promptdistill.core.env import apply_defaults
 
 
 def test_a_missing_prefect_home_is_created_for_the_ephemeral_server(tmp_path, monkeypatch):
@@ -11,12 +13,12 @@ def test_a_missing_prefect_home_is_created_for_the_ephemeral_server(tmp_path, mo
     home = tmp_path / "fresh" / ".promptdistill" / "prefect"
     monkeypatch.setenv("PREFECT_HOME", str(home))
     monkeypatch.delenv("PREFECT_SERVER_ANALYTICS_ENABLED", raising=False)
-    nightly_cli._quiet_defaults()
+    apply_defaults()
     assert home.is_dir()
-    assert nightly_cli.os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
 
 
-def test_settings_the_user_gave_are_kept(monkeypatch):
-    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
-    nightly_cli._quiet_defaults()
-    assert nightly_cli.os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "300"
+def test_a_value_the_user_set_wins(monkeypatch):
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    apply_defaults()
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"

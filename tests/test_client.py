@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from promptdistill.client import StoreUnavailableError, Template, Templates
-from promptdistill.errors import IntegrityError, InvalidReplyError, RegistryError, TemplateNotFoundError
+from promptdistill.core.errors import IntegrityError, InvalidReplyError, RegistryError, TemplateNotFoundError
 from promptdistill.registry import Registry
-from promptdistill.render import render_messages
+from promptdistill.specs.render import render_messages
 
 from test_registry import SCHEMA, make_content
 

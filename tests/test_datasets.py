@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from promptdistill.datasets import dataset_hash, load_dataset, records, write_records
-from promptdistill.errors import SpecError
+from promptdistill.specs.datasets import dataset_hash, load_dataset, records, write_records
+from promptdistill.core.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ["ticket_triage", "invoice_extraction", "word_problems", "format_rules", "summarize"]

@@ -9,9 +9,9 @@ import pytest
 
 from bundled_specs import load_spec
 from fakes import FakeEngine
-from promptdistill.clauses import Clause, split_clauses
+from promptdistill.distill.clauses import Clause, split_clauses
 from promptdistill.distill import DistillConfig, distill, split_records
-from promptdistill.distill_search import (
+from promptdistill.search.racing import (
     Candidate,
     ClauseScore,
     agreement_rate,
@@ -305,7 +305,7 @@ def test_cli_parses_budgets_and_prints_every_table(triage):
     config = _config(args)
     assert (config.max_lm_calls, config.dev_size, config.rewrite, config.ablation) == (50, 10, False, True)
     bad = build_parser().parse_args(["distill", "x", "--budget-calls", "0"])
-    from promptdistill.errors import ConfigError
+    from promptdistill.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="max_lm_calls"):
         _config(bad)

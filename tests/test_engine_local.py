@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from promptdistill.engine import GenerationRequest
-from promptdistill.errors import PromptTooLongError
+from promptdistill.core.errors import PromptTooLongError
 
 pytestmark = pytest.mark.engine
 

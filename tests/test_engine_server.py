@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from promptdistill.config import EngineConfig
+from promptdistill.core.config import EngineConfig
 from promptdistill.engine import GenerationRequest
 from promptdistill.engine.launcher import VLLMServer
 from promptdistill.engine.server import ServerEngine
-from promptdistill.errors import EngineUnavailableError, PromptTooLongError
+from promptdistill.core.errors import EngineUnavailableError, PromptTooLongError
 
 pytestmark = [pytest.mark.server, pytest.mark.engine]
 

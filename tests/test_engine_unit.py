@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from promptdistill.config import EngineConfig, load_settings
+from promptdistill.core.config import EngineConfig, load_settings
 from promptdistill.engine.base import GenerationRequest, validate_reply
 from promptdistill.engine.server import request_body
-from promptdistill.errors import ConfigError, SchemaError
+from promptdistill.core.errors import ConfigError, SchemaError
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 

@@ -8,9 +8,9 @@ import pytest
 
 from bundled_specs import load_spec
 from fakes import FakeEngine
-from promptdistill.clauses import apply_clauses, split_clauses
+from promptdistill.distill.clauses import apply_clauses, split_clauses
 from promptdistill.evaluate import evaluate, evaluate_many
-from promptdistill.judge_runner import JudgeRunner
+from promptdistill.judges.runner import JudgeRunner
 from promptdistill.specs import spec_messages
 
 RECORDS = [
@@ -150,7 +150,7 @@ def test_real_engine_evaluation_is_one_batch_with_valid_json(engine):
 def test_real_engine_catches_a_candidate_that_drops_a_required_output_rule(engine, slug_records):
     """format_rules without its lowercase/digits/hyphen rule: the slug metric's pattern
     catches the worse slugs and the candidate is not feasible."""
-    from promptdistill.distill_search import Candidate, is_feasible, select_winner
+    from promptdistill.search.racing import Candidate, is_feasible, select_winner
 
     spec = load_spec("format_rules")
     clauses = split_clauses(spec)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from promptdistill.cli import main
-from promptdistill.datasets import dataset_for, records
-from promptdistill.features import (
+from promptdistill.specs.datasets import dataset_for, records
+from promptdistill.ttft.features import (
     FEATURE_KEYS,
     cl100k_tokens,
     count_clauses,
@@ -233,7 +233,7 @@ def test_static_prefix_matches_what_the_engine_serves_from_its_prefix_cache(engi
 @pytest.mark.parametrize("name", ["ticket_triage", "invoice_extraction"])
 def test_bundled_tasks_score_above_zero_on_the_embedded_model(engine, name):
     from promptdistill.engine import GenerationRequest
-    from promptdistill.metrics import score_reply
+    from promptdistill.specs.metrics import score_reply
 
     spec = load_spec(name, prompts_dir=ROOT / "prompts")
     examples = examples_for(spec)

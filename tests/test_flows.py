@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from promptdistill.config import EngineConfig
+from promptdistill.core.config import EngineConfig
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def workspace(tmp_path_factory, engine, model_dir):
     handed to the flows (they reuse it instead of loading a second vLLM)."""
     import os
 
-    from promptdistill.pipeline_engine import adopt_engine, forget_engine
+    from promptdistill.pipeline.session import adopt_engine, forget_engine
 
     root = tmp_path_factory.mktemp("nightly")
     shutil.copytree(REPO / "prompts", root / "prompts")
@@ -99,7 +99,7 @@ def first_night(harness, workspace):
 def test_first_night_publishes_and_reports(first_night, workspace, engine):
     from promptdistill.client import Templates
     from promptdistill.pipeline import TTFT_ARTIFACT_KIND
-    from promptdistill.pipeline_report import artifact_key
+    from promptdistill.pipeline.report import artifact_key
     from promptdistill.registry import Registry
 
     state, summary = first_night

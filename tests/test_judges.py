@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from fakes import FakeEngine
-from promptdistill.errors import SpecError
-from promptdistill.judge_runner import JudgeRunner
-from promptdistill.judges import default_judges_dir, list_judges, load_judge
+from promptdistill.core.errors import SpecError
+from promptdistill.judges.runner import JudgeRunner
+from promptdistill.judges.definitions import default_judges_dir, list_judges, load_judge
 
 REQUIRED = ["answer_equivalence", "clause_necessity", "distill_rewrite", "rubric_score"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from fakes import FAKE_IDENTITY, FakeEngine
 from promptdistill.engine.base import GenerationRequest
-from promptdistill.lm_cache import CachedEngine, cache_key
+from promptdistill.engine.cache import CachedEngine, cache_key
 
 
 def req(text: str, **kw) -> GenerationRequest:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptdistill.metrics import expected_error, last_number, parse_reply, score_reply
+from promptdistill.specs.metrics import expected_error, last_number, parse_reply, score_reply
 from promptdistill.specs import MetricSpec
 
 EXACT_LABEL = MetricSpec(kind="exact", field="label")

@@ -61,7 +61,7 @@ def cache_path(tmp_path_factory):
 
 
 def _run(engine, spec, ttft_model, variants, cache_path):
-    from promptdistill.lm_cache import CachedEngine
+    from promptdistill.engine.cache import CachedEngine
 
     lm = CachedEngine(engine, cache_path)
     try:

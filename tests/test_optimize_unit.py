@@ -248,7 +248,7 @@ def test_successive_halving_trims_to_what_the_budget_affords():
 
 @pytest.fixture(scope="module")
 def triage():
-    from promptdistill.datasets import dataset_for, records
+    from promptdistill.specs.datasets import dataset_for, records
     from promptdistill.specs import load_spec
 
     spec = load_spec("ticket_triage")
@@ -283,7 +283,7 @@ def test_similar_examples_find_same_label_neighbours(triage):
 
 
 def test_per_request_examples_sit_after_the_static_prefix(triage, tokenizer):
-    from promptdistill.features import prompt_features
+    from promptdistill.ttft.features import prompt_features
     from promptdistill.optimize import SimilarExamples, per_request_spec
     from promptdistill.optimize.examples import fixed_spec, with_fewshot
 
@@ -409,7 +409,7 @@ def test_cli_registers_optimize_with_its_options():
 
 def test_cli_without_a_ttft_model_says_how_to_make_one(tmp_path, monkeypatch):
     from promptdistill.cli.optimize import find_ttft_model
-    from promptdistill.errors import ConfigError
+    from promptdistill.core.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="promptdistill ttft fit"):
@@ -462,7 +462,7 @@ def test_a_winner_that_fails_on_test_is_reverted_to_the_baseline(triage):
 def test_a_budget_too_small_for_baseline_and_verification_is_refused(triage):
     from fakes import FAKE_IDENTITY, FakeEngine
 
-    from promptdistill.errors import ConfigError
+    from promptdistill.core.errors import ConfigError
     from promptdistill.optimize import OptimizeBudget, optimize
     from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
     from promptdistill.ttft.model import TTFTModel

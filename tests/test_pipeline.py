@@ -14,9 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from promptdistill import pipeline, pipeline_engine, pipeline_glue, pipeline_report
-from promptdistill.config import EngineConfig
+from promptdistill.core.config import EngineConfig
 from promptdistill.engine.base import EngineIdentity
-from promptdistill.errors import ModelIdentityError, SpecError, TemplateNotFoundError
+from promptdistill.core.errors import ModelIdentityError, SpecError, TemplateNotFoundError
 from promptdistill.registry import Registry
 from tests.fakes import FakeEngine
 
@@ -102,7 +102,7 @@ def test_select_spec_files_names_the_unknown_and_the_known(prompts, tmp_path):
 
 
 def test_prepare_job_hashes_spec_and_dataset(prompts):
-    from promptdistill.datasets import dataset_hash
+    from promptdistill.specs.datasets import dataset_hash
     from promptdistill.specs import load_spec
 
     job = pipeline.prepare_job(prompts / "ticket_triage.yaml")

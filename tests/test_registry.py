@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from promptdistill.cli import main as cli_main
-from promptdistill.errors import IntegrityError, RegistryError, TemplateNotFoundError
+from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
 from promptdistill.registry import Registry, content_hash, parse_ref
 from promptdistill.registry.collection import label_stack
 

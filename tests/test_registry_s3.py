@@ -17,7 +17,7 @@ pytest.importorskip("s3fs", reason="install the dev extra: pip install -e '.[dev
 from moto.server import ThreadedMotoServer  # noqa: E402
 
 from promptdistill.client import StoreUnavailableError, Templates  # noqa: E402
-from promptdistill.errors import IntegrityError, TemplateNotFoundError  # noqa: E402
+from promptdistill.core.errors import IntegrityError, TemplateNotFoundError  # noqa: E402
 from promptdistill.registry import Registry  # noqa: E402
 from promptdistill.registry.backend import FsspecBackend  # noqa: E402
 from promptdistill.registry.collection import Collection  # noqa: E402

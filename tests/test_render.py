@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from promptdistill.render import render_messages
+from promptdistill.specs.render import render_messages
 from promptdistill.specs import ExamplesConfig, Spec, build_system, spec_messages, template_content
 
 HOSTILE = [

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from promptdistill.cli import main
-from promptdistill.datasets import dataset_for, records
-from promptdistill.errors import SpecError
-from promptdistill.render import render_messages
+from promptdistill.specs.datasets import dataset_for, records
+from promptdistill.core.errors import SpecError
+from promptdistill.specs.render import render_messages
 from promptdistill.specs import (
     ExamplesConfig,
     build_system,

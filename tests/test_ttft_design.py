@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from promptdistill.features import semantic_density
+from promptdistill.ttft.features import semantic_density
 from promptdistill.ttft.design import build_prompt, densify, design_points, load_corpus, with_nonce
 
 
@@ -74,7 +74,7 @@ def test_density_knob_moves_measured_density(corpus):
 
 
 def test_spec_points_render_exactly_as_the_spec_does(corpus, tokenizer):
-    from promptdistill.features import prompt_features
+    from promptdistill.ttft.features import prompt_features
     from promptdistill.specs import select_examples, spec_messages
 
     spec = corpus.specs[0]

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from promptdistill.errors import ModelIdentityError
-from promptdistill.features import FEATURE_KEYS
+from promptdistill.core.errors import ModelIdentityError
+from promptdistill.ttft.features import FEATURE_KEYS
 from promptdistill.specs import load_specs
 from promptdistill.ttft import MODEL_FEATURES, ProfileConfig, TTFTModel, fit_models, run_profile
 from promptdistill.ttft.profile import plan_prompts

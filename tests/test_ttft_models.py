@@ -17,7 +17,7 @@ from sklearn.utils.estimator_checks import estimator_checks_generator
 from threadpoolctl import threadpool_limits
 
 from promptdistill.engine.base import EngineIdentity
-from promptdistill.errors import IntegrityError, ModelIdentityError
+from promptdistill.core.errors import IntegrityError, ModelIdentityError
 from promptdistill.ttft import MODEL_FEATURES, MonomialRegressor, TTFTModel, check_frame, fit_models
 from promptdistill.ttft.analysis import bootstrap_coefficients, density_effect, fewshot_table
 from promptdistill.ttft.estimators import LINEAR_TERMS, candidate_estimators

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from promptdistill.datasets import write_records  # noqa: E402
+from promptdistill.specs.datasets import write_records  # noqa: E402
 
 SPLIT_SIZES = {"train": 60, "dev": 60, "test": 60}
 

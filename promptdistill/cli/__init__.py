@@ -3,6 +3,9 @@
 Each concept registers its own subcommands from a module in this package
 (``register(subparsers)``), so commands can be added without touching this file's
 logic. Errors from the library are printed as ``TypeName: message`` with exit code 1.
+
+The command modules import the library inside their functions: ``promptdistill --help``
+and a mistyped flag answer at once instead of after loading vLLM, Prefect and pandas.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import importlib
 import sys
 from typing import Sequence
 
-from promptdistill.errors import PromptDistillError
+from promptdistill.core.env import apply_defaults
+from promptdistill.core.errors import PromptDistillError
 
 __all__ = ["main"]
 
 # Modules under promptdistill/cli/ that add subcommands, in help order.
-COMMAND_MODULES = ("generate", "spec", "features", "ttft", "distill", "optimize", "templates", "nightly")
+COMMAND_MODULES = ("generate", "spec", "features", "ttft", "plan", "distill", "optimize", "templates", "nightly")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,18 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="config file (default: $PROMPTDISTILL_CONFIG or ./promptdistill.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"promptdistill.cli.{name}")
-        except ModuleNotFoundError as e:
-            # A command module that is not written yet; any other missing module is a real error.
-            if e.name == f"promptdistill.cli.{name}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"promptdistill.cli.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    apply_defaults()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

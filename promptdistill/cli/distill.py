@@ -21,48 +21,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_search_arguments(
         p, calls_help="most LM calls for the search (default 300)",
         minutes_help="most minutes for the search (default 10)",
-        dev_help="dev records of the full rung (default 16)", test_help="held-out test records (default 16)",
+        dev_help="dev records in all: screen, then the race's pool (default 400)",
+        test_help="held-out test records (default 200)",
     )
-    p.add_argument("--minibatch", type=int, help="dev records per minibatch (default 8)")
     p.add_argument("--rounds", type=int, help="most rounds (default 2)")
     p.add_argument("--no-ablation", action="store_true", help="score clauses with the judge only")
     p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")
     p.add_argument("--no-calibrate", action="store_true", help="skip the judge-vs-metric calibration")
     p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")
-    p.add_argument("--out", help="Parquet file for the candidates (default: STATE_DIR/distill/NAME-seedN.parquet)")
+    p.add_argument("--out", help="output folder (default: STATE_DIR/distill/NAME-seedN; `optimize` reads it)")
     p.set_defaults(func=_distill)
 
 
 def _config(args: argparse.Namespace) -> Any:
     from promptdistill.distill import DistillConfig
 
-    values = budget_values(args, seed=args.seed, minibatch_size=args.minibatch, max_rounds=args.rounds)
+    values = budget_values(args, seed=args.seed, max_rounds=args.rounds, alpha=args.alpha, finalists=args.finalists)
     values.update(ablation=not args.no_ablation, rewrite=not args.no_rewrite, calibrate=not args.no_calibrate)
     try:
         return DistillConfig(**values)
     except ValueError as e:
-        from promptdistill.errors import ConfigError
+        from promptdistill.core.errors import ConfigError
 
         raise ConfigError(f"distill: {e}") from None
 
 
 def _distill(args: argparse.Namespace) -> int:
-    from promptdistill.config import load_settings
+    from promptdistill.core.config import load_settings
     from promptdistill.distill import distill
     from promptdistill.engine import load_engine
-    from promptdistill.lm_cache import CachedEngine
-    from promptdistill.specs import load_spec
+    from promptdistill.engine.cache import CachedEngine
+    from promptdistill.specs.load import load_spec
 
     settings = load_settings(args.config)
     spec = load_spec(args.name, prompts_dir=args.prompts_dir)
     config = _config(args)
     _log_progress()
-    out = args.out or settings.state_dir / "distill" / f"{spec.name}-seed{config.seed}.parquet"
+    out = args.out or settings.state_dir / "distill" / f"{spec.name}-seed{config.seed}"
     with load_engine(settings.engine) as engine:
         lm = engine if args.no_cache else CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
         print(f"distilling {spec.name} on {engine.identity.model} (budget {config.max_lm_calls} LM calls, "
-              f"{config.max_minutes:g} min; dev {config.dev_size}, minibatch {config.minibatch_size}, "
-              f"test {config.test_size})", file=sys.stderr)
+              f"{config.max_minutes:g} min; dev {config.dev_size} (screen {config.screen_size}), "
+              f"test {config.test_size}, alpha {config.alpha:g})", file=sys.stderr)
         result = distill(lm, spec, config=config)
         if isinstance(lm, CachedEngine):
             print(f"LM cache: {lm.real_calls} real calls, {lm.cache_hits} cache hits", file=sys.stderr)
@@ -103,26 +103,29 @@ def format_result(result: Any) -> str:
         judge = str(r["judge_score"]) if r["judge_score"] is not None else ("inv" if r["judge_error"] else "-")
         lines.append(f"  {r['round']:>3} {r['clause_id']:<4} {'P' if r['protected'] else '':<4} {judge:>5} "
                      f"{_num(r['ablation_delta'], '+.3f'):>8} {'kept' if r['kept'] else 'pruned':<6} {_cut(r['text'], 70)}")
-    lines += ["", "Candidates"]
-    lines.append(f"  {'id':<34} {'tokens':>6} {'density':>7} {'rung':>4} {'n':>3} {'mean':>6} {'feas':<4} {'calls':>5}")
+    lines += ["", "Candidates (scr: screen records; race: certify records; bounds: anytime-valid, vs the original)"]
+    lines.append(f"  {'id':<34} {'tokens':>6} {'density':>7} {'scr':>5} {'race':>4} {'mean':>6} {'bounds':>15}  verdict")
     for r in result.candidate_rows():
         mark = " <- winner" if r["winner"] else ""
+        bounds = "" if r["diff_lower"] is None else f"[{r['diff_lower']:+.3f},{r['diff_upper']:+.3f}]"
         lines.append(f"  {_cut(r['candidate_id'], 34):<34} {r['instruction_tokens']:>6} {_num(r['density'], '.2f'):>7} "
-                     f"{r['rung']:>4} {r['n_evaluated']:>3} {_num(r['dev_mean']):>6} {'yes' if r['feasible'] else 'no':<4} "
-                     f"{r['lm_calls']:>5}{mark}")
+                     f"{_num(r['screen_mean'], '.2f'):>5} {r['race_n']:>4} {_num(r['race_mean']):>6} {bounds:>15}  "
+                     f"{r['verdict']}{mark}")
     s = result.summary()
     lines += [
         "",
+        f"Plan: {s['plan_text']}",
         f"Winner: {result.winner.id}",
+        f"  {result.reason}",
         f"  instruction tokens {s['original_tokens']} -> {s['winner_tokens']} "
-        f"({100 * s['token_reduction']:.1f}% fewer)",
-        f"  dev quality  {_num(s['dev_original'])} -> {_num(s['dev_winner'])} (delta {_num(s['dev_delta'], '+.3f')}; "
-        f"allowed drop {result.max_quality_drop:g})",
-        f"  test quality {_num(s['test_original'])} -> {_num(s['test_winner'])} (delta {_num(s['test_delta'], '+.3f')}; "
-        f"{len(result.test.get('original').record_ids) if result.test else 0} held-out records)",
+        f"({100 * s['token_reduction']:.1f}% fewer; allowed quality drop {result.max_quality_drop:g})",
+        f"  test quality {_num(s.get('test_original_mean'))} [{_num(s.get('test_original_ci_low'))}, "
+        f"{_num(s.get('test_original_ci_high'))}] -> {_num(s.get('test_winner_mean'))} "
+        f"[{_num(s.get('test_winner_ci_low'))}, {_num(s.get('test_winner_ci_high'))}] "
+        f"on {s.get('test_original_n') or 0} held-out records",
         f"  judge/ablation agreement on necessary clauses: {_num(s['agreement_rate'], '.2f')}",
         f"  rounds {s['rounds']}, stopped: {s['stop_reason']}",
-        f"  LM calls: search {s['search_lm_calls']} of {s['budget_lm_calls']}, total {s['total_lm_calls']}; "
+        f"  LM calls: search {s['search_lm_calls']}, total {s['total_lm_calls']} of {s['budget_lm_calls']}; "
         f"{s['elapsed_s']:.0f} s",
         "", "Winner text:", *["  " + line for line in result.winner.text.splitlines()],
         "", "Judges",
@@ -135,7 +138,7 @@ def format_result(result: Any) -> str:
     cal = result.calibration
     if cal:
         flag = "  BELOW A COIN FLIP" if cal.get("below_coin_flip") else ""
-        lines += ["", "Calibration of answer_equivalence against the metric (baseline dev replies vs expected)",
+        lines += ["", "Calibration of answer_equivalence against the metric (baseline screen replies vs expected)",
                   f"  agreement {_num(cal['agreement_rate'], '.2f')} on {cal['n_valid']} of {cal['n']} records "
                   f"(majority-class rate {_num(cal['majority_rate'], '.2f')}, kappa {_num(cal['kappa'], '+.2f')}, "
                   f"swap consistency {_num(cal['swap_consistency'], '.2f')}){flag}"]

@@ -26,7 +26,7 @@ def _tokenizer(args: argparse.Namespace):
 
     model = args.model
     if model is None:
-        from promptdistill.config import load_settings
+        from promptdistill.core.config import load_settings
 
         model = load_settings(args.config).engine.model
     if model == "embedded":
@@ -39,9 +39,11 @@ def _tokenizer(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from promptdistill.datasets import dataset_for, records
-    from promptdistill.features import FEATURE_KEYS, layout_warnings, prompt_features
-    from promptdistill.specs import examples_for, load_spec
+    from promptdistill.specs.checks import layout_warnings
+    from promptdistill.specs.datasets import dataset_for, records
+    from promptdistill.specs.load import load_spec
+    from promptdistill.specs.prompt import examples_for
+    from promptdistill.ttft.features import FEATURE_KEYS, prompt_features
 
     spec = load_spec(args.name, prompts_dir=args.prompts_dir)
     tokenizer = _tokenizer(args)

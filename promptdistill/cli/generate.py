@@ -7,7 +7,7 @@ import json
 import sys
 from dataclasses import replace
 
-from promptdistill.config import load_settings
+from promptdistill.core.config import load_settings
 
 __all__ = ["register"]
 

@@ -6,8 +6,9 @@
 
 Without ``PREFECT_API_URL`` the flow runs in Prefect's ephemeral mode (a temporary local
 server, state in ``PREFECT_HOME``); with it, the run is recorded on that server and shows
-in its UI. Run it from the repository root (it imports ``flows/``). Exit code 1 when a
-spec failed (the others are still published and in the table).
+in its UI. Run it from any project folder that holds ``prompts/`` and ``datasets/`` (or
+pass ``--prompts-dir``): the flows ship with the package. Exit code 1 when a spec failed
+(the others are still published and in the table).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import os
 import sys
 from typing import Any
 
+from promptdistill.core.env import apply_defaults
+from promptdistill.pipeline.presets import BUDGET_PRESETS
+
 __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from promptdistill.pipeline import BUDGET_PRESETS
 
     p = subparsers.add_parser("nightly", help="run the nightly flow (profile if stale, distill, optimize, publish)")
     p.add_argument("--specs", help="comma-separated spec names (default: every spec in --prompts-dir)")
@@ -35,41 +38,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_nightly)
 
 
-def _quiet_defaults() -> None:
-    """Offline, quiet defaults for an ephemeral Prefect server (set before Prefect is imported)."""
-    for key, value in {
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "TOKENIZERS_PARALLELISM": "false",
-        # vLLM's start-up warnings (no tcmalloc, no Triton on CPU) would bury the summary
-        # table on stdout; errors still show.
-        "VLLM_LOGGING_LEVEL": "ERROR",
-    }.items():
-        os.environ.setdefault(key, value)
-    # Prefect's ephemeral server opens its SQLite database in PREFECT_HOME without creating
-    # the folder ("unable to open database file" on a fresh checkout).
-    home = os.environ.get("PREFECT_HOME")
-    if home:
-        os.makedirs(os.path.expanduser(home), exist_ok=True)
-
-
 def _nightly(args: argparse.Namespace) -> int:
-    from promptdistill.errors import ConfigError, PromptDistillError
-    from promptdistill.pipeline import SpecsFailedError, budget_preset
-    from promptdistill.pipeline_report import format_summary_table
-
     if args.config:
         os.environ["PROMPTDISTILL_CONFIG"] = args.config  # the flow reads the settings itself
-    _quiet_defaults()
-    if os.path.isdir("flows") and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the console script's sys.path lacks the checkout
-    try:
-        from flows.nightly import nightly
-    except ModuleNotFoundError as e:
-        if e.name != "flows":
-            raise
-        raise ConfigError("nightly: flows/ not found: run `promptdistill nightly` from the repository root") from None
+    # vLLM's start-up warnings (no tcmalloc, no Triton on CPU) would bury the summary
+    # table on stdout; errors still show. Set before Prefect and vLLM are imported.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    apply_defaults()
+    from promptdistill.core.config import load_settings
+    from promptdistill.core.errors import PromptDistillError
+    from promptdistill.flows.nightly import nightly
+    from promptdistill.pipeline.budgets import budget_preset
+    from promptdistill.pipeline.jobs import SpecsFailedError
+    from promptdistill.pipeline.report import format_summary_table
 
     params: dict[str, Any] = dict(budget_preset(args.budget))
     if args.no_distill:
@@ -85,8 +66,6 @@ def _nightly(args: argparse.Namespace) -> int:
         reason = f"{type(outcome).__name__}: {outcome}" if isinstance(outcome, BaseException) else state.message
         print(f"nightly ended {state.name}: {reason}", file=sys.stderr)
         return 1
-    from promptdistill.config import load_settings
-
     print(format_summary_table(summary["rows"]))
     print(f"\nTTFT model: {summary['ttft'].get('reason', '')}")
     registry = load_settings().registry

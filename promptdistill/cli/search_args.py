@@ -26,6 +26,10 @@ def add_search_arguments(
     p.add_argument("--budget-minutes", type=float, help=minutes_help)
     p.add_argument("--dev", type=int, help=dev_help)
     p.add_argument("--test", type=int, help=test_help)
+    p.add_argument("--screen", type=int, help="dev records that screen candidates (default 16; never used to certify)")
+    p.add_argument("--alpha", type=float, help="chance of certifying any finalist that is worse than the allowed "
+                   "drop (default 0.1)")
+    p.add_argument("--finalists", type=int, help="candidates raced after screening (default 3)")
 
 
 def budget_values(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
@@ -34,5 +38,5 @@ def budget_values(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     Flags left unset are left out, so the config's own defaults apply.
     """
     given = {"max_lm_calls": args.budget_calls, "max_minutes": args.budget_minutes, "dev_size": args.dev,
-             "test_size": args.test, **extra}
+             "test_size": args.test, "screen_size": args.screen, **extra}
     return {k: v for k, v in given.items() if v is not None}

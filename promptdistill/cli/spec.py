@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def validate(args: argparse.Namespace) -> int:
-    from promptdistill.features import layout_warnings
-    from promptdistill.specs import load_spec, validate_spec_file
+    from promptdistill.specs.checks import layout_warnings
+    from promptdistill.specs.load import load_spec, validate_spec_file
 
     files = [Path(f) for f in args.files] or sorted(Path(args.prompts_dir).glob("*.yaml"))
     if not files:
@@ -53,9 +53,10 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def render(args: argparse.Namespace) -> int:
-    from promptdistill.datasets import dataset_for, records
-    from promptdistill.errors import SpecError
-    from promptdistill.specs import examples_for, load_spec, spec_messages
+    from promptdistill.core.errors import SpecError
+    from promptdistill.specs.datasets import dataset_for, records
+    from promptdistill.specs.load import load_spec
+    from promptdistill.specs.prompt import examples_for, spec_messages
 
     spec = load_spec(args.name, prompts_dir=args.prompts_dir)
     df = dataset_for(spec)

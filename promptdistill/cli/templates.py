@@ -16,7 +16,7 @@ import difflib
 import json
 from typing import Any, Iterable
 
-from promptdistill.errors import RegistryError
+from promptdistill.core.errors import RegistryError
 
 __all__ = ["register"]
 
@@ -75,7 +75,7 @@ def _registry(args: argparse.Namespace):
 
     root = args.root
     if root is None:
-        from promptdistill.config import load_settings
+        from promptdistill.core.config import load_settings
 
         root = load_settings(getattr(args, "config", None)).registry
     return Registry(root)

@@ -1,4 +1,8 @@
-"""``promptdistill ttft profile | fit | report``: measure TTFT, fit the models, explain them."""
+"""``promptdistill ttft profile | fit | report``: measure TTFT, fit the models, explain them.
+
+``fit`` publishes the chosen model to the registry (``ttft-model/<engine key>``), the one
+place TTFT models live: ``promptdistill optimize`` and the nightly flow load it from there.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,11 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 __all__ = ["register"]
 
 PROFILES_DIR = "artifacts/ttft/profiles"
-MODELS_DIR = "artifacts/ttft/models"
 REPORT_DIR = "artifacts/ttft"
 
 
@@ -37,16 +41,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_profile)
 
-    f = cmds.add_parser("fit", help="fit and compare the TTFT models; save the chosen one")
+    f = cmds.add_parser("fit", help="fit and compare the TTFT models; publish the chosen one to the registry")
     _profile_args(f)
-    f.add_argument("--out", default=MODELS_DIR, help=f"models folder (default {MODELS_DIR}; LATEST points at the newest)")
+    f.add_argument("--report-dir", default=REPORT_DIR, help=f"where the model's report goes (default {REPORT_DIR})")
     f.set_defaults(func=_fit)
 
     r = cmds.add_parser("report", help="the report: model comparison, coefficients, density, few-shot, figures")
     _profile_args(r)
     r.add_argument("--out", default=REPORT_DIR, help=f"folder for report.md, report.json and PNGs (default {REPORT_DIR})")
     r.add_argument("--n-boot", type=int, default=500, help="bootstrap resamples (default 500)")
-    r.add_argument("--model", default=MODELS_DIR, help="saved model to name in the report (if present)")
     r.set_defaults(func=_report)
 
 
@@ -62,8 +65,8 @@ def _fail(e: Exception) -> int:
     return 1
 
 
-def read_profiles(paths: list[str]) -> "object":
-    """Every profile row in the given Parquet files and folders, as one frame."""
+def read_profiles(paths: list[str]) -> tuple[Any, list[str]]:
+    """Every profile row in the given Parquet files and folders, as one frame, and the files."""
     import pandas as pd
 
     files: list[Path] = []
@@ -81,7 +84,7 @@ def read_profiles(paths: list[str]) -> "object":
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from promptdistill.config import load_settings
+    from promptdistill.core.config import load_settings
     from promptdistill.engine import load_engine
     from promptdistill.ttft.profile import ProfileConfig, run_profile
 
@@ -118,33 +121,26 @@ def _profile(args: argparse.Namespace) -> int:
     return 0 if len(frame) else 1
 
 
-def _load_and_fit(args: argparse.Namespace) -> tuple[object, list[str], object]:
-    """The chosen engine's profile rows, their files, and the models fitted on them.
-
-    ``fit`` and ``report`` share it so both see the same rows and the same contended-row
-    rule. Raises ValueError when the profiles cannot be read or fitted.
-    """
-    from promptdistill.ttft.fit import engine_rows, fit_models
-
-    df, files = read_profiles(args.profiles)
-    df = engine_rows(df, args.engine_key)
-    return df, files, fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
-
-
 def _fit(args: argparse.Namespace) -> int:
-    from promptdistill.ttft.model import TTFTModel
+    from promptdistill.core.config import load_settings
+    from promptdistill.pipeline.ttft_models import fit_and_publish
+    from promptdistill.registry.store import Registry
+    from promptdistill.ttft.fit import engine_rows
 
+    settings = load_settings(args.config)
     try:
-        df, files, fit = _load_and_fit(args)
+        df, files = read_profiles(args.profiles)
+        info, model, fit, record = fit_and_publish(
+            Registry(settings.registry), engine_rows(df, args.engine_key), seed=args.seed, source=",".join(files),
+            report_dir=args.report_dir, keep_contended=args.keep_contended)
     except ValueError as e:
         return _fail(e)
-    model = TTFTModel.from_fit(fit, df, sources=files)
-    path = model.save_versioned(args.out)
     print(_fit_table(fit), file=sys.stderr)
     h = fit.heldout[fit.chosen]
-    print(json.dumps({"model": str(path), "version": model.version, "chosen": fit.chosen,
-                      "heldout_mape": round(h["mape"], 4), "heldout_r2": round(h["r2"], 4),
-                      "engine_key": model.engine_identity.key(), "rows": fit.rows}, indent=2))
+    print(json.dumps({"registry": settings.registry, "artifact": f"ttft-model/{info['engine_key']}:{record.version}",
+                      "version": model.version, "chosen": fit.chosen, "heldout_mape": round(h["mape"], 4),
+                      "heldout_r2": round(h["r2"], 4), "engine_key": info["engine_key"], "report": info["report"],
+                      "rows": fit.rows}, indent=2))
     return 0
 
 
@@ -158,19 +154,17 @@ def _fit_table(fit: object) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from promptdistill.errors import IntegrityError
+    from promptdistill.ttft.fit import engine_rows, fit_models
     from promptdistill.ttft.model import TTFTModel
     from promptdistill.ttft.report import build_report
 
     try:
-        df, _, fit = _load_and_fit(args)
+        df, _ = read_profiles(args.profiles)
+        df = engine_rows(df, args.engine_key)
+        fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
     except ValueError as e:
         return _fail(e)
-    version = None
-    try:
-        version = TTFTModel.load(args.model).version
-    except IntegrityError:
-        pass
+    version = TTFTModel.from_fit(fit, df).version
     path = build_report(df, args.out, fit=fit, n_boot=args.n_boot, seed=args.seed, model_version=version,
                         drop_contended=not args.keep_contended)
     print(path)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from promptdistill.config import EngineConfig, load_settings
+from promptdistill.core.config import EngineConfig, load_settings
+from promptdistill.core.errors import ModelNotFoundError
 from promptdistill.engine.base import (
     Engine,
     EngineIdentity,
@@ -18,7 +19,6 @@ from promptdistill.engine.base import (
     GenerationResult,
     validate_reply,
 )
-from promptdistill.errors import ModelNotFoundError
 
 __all__ = [
     "Engine",

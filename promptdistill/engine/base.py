@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import jsonschema
 
-from promptdistill.errors import SchemaError
+from promptdistill.core.errors import SchemaError
+from promptdistill.core.jsonio import canonical_json
 
 __all__ = [
     "Engine",
@@ -36,7 +39,6 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "Message",
-    "canonical_json",
     "check_reply",
     "hardware_fingerprint",
     "validate_reply",
@@ -46,13 +48,16 @@ Message = Mapping[str, str]
 _ROLES = ("system", "user", "assistant")
 
 
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no whitespace: stable input for hashes."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def hardware_fingerprint() -> str:
-    """A short description of the machine: CPU model and core count (or GPU name)."""
+    """A short description of the machine: the GPU's name when vLLM runs on one, else the
+    CPU model and core count. TTFT models are fitted per fingerprint."""
+    torch = sys.modules.get("torch")  # loaded by vLLM already; never imported just for this
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+        except Exception:  # noqa: BLE001 - a broken CUDA set-up: describe the CPU instead
+            pass
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -62,8 +67,6 @@ def hardware_fingerprint() -> str:
                     break
     except OSError:
         pass
-    import os
-
     return f"{cpu} x{os.cpu_count()}"
 
 
@@ -215,10 +218,6 @@ class GenerationResult:
     error: str | None = None
     """Why a structured reply is invalid, or why the request failed."""
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def uncached_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

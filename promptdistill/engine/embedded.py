@@ -18,7 +18,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from promptdistill.errors import ModelNotFoundError
+from promptdistill.core.errors import ModelNotFoundError
 
 __all__ = ["EMBEDDED_NAME", "embedded_gguf_path", "ensure_embedded_model"]
 

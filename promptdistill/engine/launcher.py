@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from promptdistill.config import EngineConfig
-from promptdistill.errors import EngineUnavailableError
+from promptdistill.core.config import EngineConfig
+from promptdistill.core.errors import EngineUnavailableError
 
 __all__ = ["VLLMServer", "free_port"]
 

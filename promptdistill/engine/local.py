@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from promptdistill.config import EngineConfig
+from promptdistill.core.config import EngineConfig
+from promptdistill.core.errors import EngineError, EngineTimeoutError, ModelNotFoundError, PromptTooLongError
 from promptdistill.engine.base import (
     Engine,
     EngineIdentity,
@@ -33,7 +34,6 @@ from promptdistill.engine.base import (
     hardware_fingerprint,
 )
 from promptdistill.engine.tokenizer import HFTokenizer
-from promptdistill.errors import EngineError, EngineTimeoutError, ModelNotFoundError, PromptTooLongError
 
 __all__ = ["LocalEngine"]
 

@@ -25,7 +25,8 @@ from typing import Any, Sequence
 
 import httpx
 
-from promptdistill.config import EngineConfig
+from promptdistill.core.config import EngineConfig
+from promptdistill.core.errors import EngineError, EngineTimeoutError, EngineUnavailableError, PromptTooLongError
 from promptdistill.engine.base import (
     Engine,
     EngineIdentity,
@@ -35,7 +36,6 @@ from promptdistill.engine.base import (
     check_reply,
     hardware_fingerprint,
 )
-from promptdistill.errors import EngineError, EngineTimeoutError, EngineUnavailableError, PromptTooLongError
 
 __all__ = ["ServerEngine", "request_body"]
 

@@ -10,8 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from promptdistill.core.errors import ModelNotFoundError
 from promptdistill.engine.base import Message
-from promptdistill.errors import ModelNotFoundError
 
 __all__ = ["HFTokenizer"]
 

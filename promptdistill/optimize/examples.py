@@ -18,8 +18,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from promptdistill.render import render_text
-from promptdistill.specs import Spec, format_example, select_examples
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.metrics.pairwise import linear_kernel
+
+from promptdistill.specs.model import Spec
+from promptdistill.specs.prompt import format_example, select_examples
+from promptdistill.specs.render import render_text
 
 __all__ = ["FEWSHOT_INPUT", "SimilarExamples", "fixed_spec", "fixed_subsets", "per_request_spec", "with_fewshot"]
 
@@ -104,8 +108,6 @@ class SimilarExamples:
         return render_text(self.spec.user, {k: v for k, v in inputs.items() if k != FEWSHOT_INPUT})
 
     def fit(self) -> "SimilarExamples":
-        from sklearn.feature_extraction.text import TfidfVectorizer
-
         if not self.train:
             raise ValueError("SimilarExamples needs at least one train record")
         self.vectorizer_ = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2), min_df=1)
@@ -114,8 +116,6 @@ class SimilarExamples:
 
     def neighbours(self, inputs: Mapping[str, Any], k: int) -> list[Mapping[str, Any]]:
         """The ``k`` most similar train records, most similar first (ties: file order)."""
-        from sklearn.metrics.pairwise import linear_kernel
-
         if not hasattr(self, "matrix_"):
             raise RuntimeError("SimilarExamples is not fitted; call fit() first")
         sims = linear_kernel(self.vectorizer_.transform([self._text(inputs)]), self.matrix_)[0]

@@ -21,8 +21,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from promptdistill.engine.base import Engine
-from promptdistill.features import prompt_features
-from promptdistill.specs import Spec
+from promptdistill.specs.model import Spec
+from promptdistill.ttft.features import prompt_features
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "MIN_TTFT_MS", "TTFTPrediction", "clip_ttft", "predict_candidate", "prefix_block_tokens", "warm_cached_tokens"]
 

@@ -5,38 +5,28 @@
 * ``candidates.parquet``: the full candidate log (one row per candidate: prompt shape,
   predicted TTFT cold/warm, rung, dev quality with CI, paired lower bound, verdict);
 * ``pareto.parquet``, ``density_curve.parquet``, ``formats.parquet``, ``timing.parquet``;
-* ``result.json``: the template content, baseline and winner figures, the reason,
-  token budget, call counts and provenance;
+* ``result.json``: the template content, baseline and winner figures, the reason, the
+  record plan, token budget, call counts and provenance: everything publishing needs;
 * ``pareto.png``: the Pareto front with the baseline and the winner marked.
 
-``publish(registry)`` stores the template with its provenance and metrics.
+Publishing goes through :func:`promptdistill.pipeline.publish.publish_result` (one path
+for the CLI and the flows).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import pandas as pd
 
+from promptdistill.core.jsonio import atomic_write, json_safe, write_json
+from promptdistill.optimize.plot import plot_pareto
+from promptdistill.search.sequential import Plan
+
 __all__ = ["OptimizationResult"]
-
-
-def _atomic_write(path: Path, write: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _num(value: Any, fmt: str = ".3f") -> str:
@@ -97,9 +87,20 @@ class OptimizationResult:
     dev_truncated: list[bool] = field(default_factory=list)
     """Per dev record: did that reply stop at the search's token limit?"""
     notes: list[str] = field(default_factory=list)
-    ttft_kind: str = "warm"
+    plan: Plan | None = None
+    """What the certify pool could decide (None when the race did not run)."""
+    warm_share: float = 0.8
+    warm_share_source: str = "assumed"
+    """'measured (server prefix-cache hit rate)', 'configured' or 'assumed'."""
+    ttft_resolution: float = 0.0
+    """Relative TTFT difference below which two predictions tie (the model's held-out MAPE)."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    """Tokens processed by every LM request of the run (what a GPU spends)."""
+    ttft_kind: str = "expected"
     slo_ttft_ms: float | None = None
     max_quality_drop: float = 0.0
+    splits: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ figures
     def metrics(self) -> dict[str, Any]:
@@ -110,7 +111,9 @@ class OptimizationResult:
         out.update({
             "max_tokens": self.token_budget.max_tokens, "truncation_rate": self.token_budget.truncation_rate,
             "kept_baseline": self.kept_baseline, "lm_calls": self.lm_calls, "real_lm_calls": self.real_lm_calls,
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "timing_requests": self.timing_requests, "minutes": round(self.minutes, 3),
+            "warm_share": self.warm_share, "warm_share_source": self.warm_share_source,
             "candidates": int(len(self.candidates)), "pareto_size": int(len(self.pareto)),
         })
         return out
@@ -122,29 +125,36 @@ class OptimizationResult:
         lines = [f"Optimization of {self.spec_name} (seed {self.seed}): SLO {k} TTFT {slo}, "
                  f"allowed quality drop {self.max_quality_drop:g}", ""]
         lines.append(f"  {'candidate':<28} {'strat':<8} {'k':>2} {'dens':>5} {'tok':>5} {'cold':>6} {'warm':>6} "
-                     f"{'n':>3} {'quality':>7} {'CI':>13} {'lowb':>6}  verdict")
-        df = self.candidates.sort_values(["complete", "quality"], ascending=[False, False], na_position="last")
+                     f"{'scr':>5} {'n':>4} {'quality':>7} {'bounds':>15}  verdict")
+        df = self.candidates.sort_values(["race_n", "screen_quality"], ascending=[False, False], na_position="last")
         for r in df.itertuples():
-            mark = "*" if r.is_winner else ("B" if r.is_baseline else ("P" if r.pareto else " "))
-            ci = f"[{_num(r.ci_low, '.2f')},{_num(r.ci_high, '.2f')}]"
+            mark = "*" if r.is_winner else ("B" if r.is_baseline else ("F" if r.finalist else " "))
+            bounds = "" if r.diff_lower is None or r.diff_lower != r.diff_lower else \
+                f"[{_num(r.diff_lower, '+.2f')},{_num(r.diff_upper, '+.2f')}]"
+            why = r.decision if r.decision else r.notes
             lines.append(f"{mark} {r.candidate_id[:28]:<28} {r.strategy:<8} {r.k:>2} {_num(r.semantic_density, '.2f'):>5} "
                          f"{_num(r.total_tokens, '.0f'):>5} {_num(r.ttft_cold_ms, '.0f'):>6} {_num(r.ttft_warm_ms, '.0f'):>6} "
-                         f"{r.n_dev:>3} {_num(r.quality):>7} {ci:>13} {_num(r.diff_lower, '+.2f'):>6}  {r.verdict[:60]}")
-        lines += ["  (* winner, B baseline, P on the Pareto front; cold/warm: predicted TTFT in ms; "
-                  "lowb: paired lower bound vs baseline)", ""]
+                         f"{_num(r.screen_quality, '.2f'):>5} {r.race_n:>4} {_num(r.quality):>7} {bounds:>15}  "
+                         f"{r.verdict}: {why[:70]}")
+        lines += ["  (* winner, B baseline, F finalist; cold/warm: predicted TTFT in ms; scr: screen quality; "
+                  "n, quality: certify records raced; bounds: anytime-valid bounds on the difference from the baseline)",
+                  f"  expected TTFT: {self.warm_share:.0%} of requests warm ({self.warm_share_source}); predictions "
+                  f"closer than {self.ttft_resolution:.0%} tie", ""]
+        if self.plan is not None:
+            lines += [f"Plan: {self.plan.sentence()}", ""]
         lines += _section(
-            "Cache trade-off (minibatch quality; predicted TTFT cold -> warm)", self.tradeoff,
-            lambda r: f"{r.strategy:<8} k={r.k:<2} quality {_num(r.minibatch_quality)}  "
+            "Cache trade-off (screen quality; predicted TTFT cold -> warm)", self.tradeoff,
+            lambda r: f"{r.strategy:<8} k={r.k:<2} quality {_num(r.screen_quality)}  "
                       f"{_num(r.ttft_cold_ms, '.0f')} -> {_num(r.ttft_warm_ms, '.0f')} ms "
                       f"(cached {_num(r.warm_cached_tokens, '.0f')} of {_num(r.total_tokens, '.0f')} tokens)",
         )
         lines += _section(
-            "Quality vs semantic density (instruction variants, minibatch)", self.density_curve,
+            "Quality vs semantic density (instruction variants, screen records)", self.density_curve,
             lambda r: f"density {r.semantic_density:.3f}  tokens {r.instruction_tokens:>5.0f}  quality "
                       f"{_num(r.quality)}  best {_num(r.best_quality)}  {r.variant}{'  <- peak' if r.peak else ''}",
         )
         lines += _section(
-            "Output format on dev (valid-JSON rate)", self.formats,
+            "Output format on screen records (valid-JSON rate)", self.formats,
             lambda r: f"{r.format:<17} valid {_num(r.valid_json_rate)}  quality {_num(r.quality)}"
                       f"{'  <- published' if r.chosen else ''}",
         )
@@ -152,23 +162,26 @@ class OptimizationResult:
         for key, label, fmt in (
             ("dev_mean", "dev quality", ".3f"), ("test_mean", "test quality", ".3f"),
             ("test_ci_low", "  test CI low", ".3f"), ("test_ci_high", "  test CI high", ".3f"),
+            ("test_n", "  test records", "d"),
             ("ttft_cold_ms", "pred. TTFT cold ms", ".0f"), ("ttft_warm_ms", "pred. TTFT warm ms", ".0f"),
             ("measured_cold_ms", "meas. TTFT cold ms", ".0f"), ("measured_warm_ms", "meas. TTFT warm ms", ".0f"),
             ("test_valid_json_rate", "test valid JSON", ".3f"), ("total_tokens", "prompt tokens", ".0f"),
             ("max_tokens", "max_tokens", "d"),
         ):
             lines.append(f"  {label:<20} {_num(self.baseline.get(key), fmt):>12} {_num(self.winner.get(key), fmt):>12}")
-        lines.append(f"  {'equivalence vs base':<20} {'':>12} {_num(self.winner.get('test_equivalence')):>12}")
+        lines.append(f"  {'test diff [95% CI]':<20} {'':>12} {_num(self.winner.get('test_diff_mean'), '+.3f'):>12} "
+                     f"[{_num(self.winner.get('test_diff_ci_low'), '+.3f')}, {_num(self.winner.get('test_diff_ci_high'), '+.3f')}]")
         tb = self.token_budget
         lines += [
             "",
             f"Winner: {self.winner_id}{' (baseline kept)' if self.kept_baseline else ''}",
             f"  {self.reason}",
             f"  max_tokens {tb.max_tokens} = ceil(p95 {tb.p95_tokens:.1f} x {1 + tb.headroom:.2f}); "
-            f"truncation rate on dev {tb.truncation_rate:.3f}",
+            f"truncation rate {tb.truncation_rate:.3f}",
             f"  LM calls {self.lm_calls} of {self.budget.max_lm_calls}"
             + (f" ({self.real_lm_calls} not in the cache)" if self.real_lm_calls is not None else "")
-            + f", TTFT timing requests {self.timing_requests}, {self.minutes:.1f} min"
+            + f"; tokens processed {self.prompt_tokens} prompt + {self.completion_tokens} completion"
+            + f"; TTFT timing requests {self.timing_requests}, {self.minutes:.1f} min"
             + (f"; stopped: {self.stop_reason}" if self.stop_reason else ""),
         ]
         lines += [f"  note: {n}" for n in self.notes]
@@ -176,14 +189,20 @@ class OptimizationResult:
 
     # ------------------------------------------------------------------ output
     def to_json(self) -> dict[str, Any]:
-        return {
+        """Everything but the tables, as plain JSON (NaN as None)."""
+        return json_safe({
             "spec": self.spec_name, "seed": self.seed, "winner_id": self.winner_id, "reason": self.reason,
             "kept_baseline": self.kept_baseline, "content": self.content, "baseline": self.baseline,
-            "winner": self.winner, "token_budget": self.token_budget.to_dict(), "lm_calls": self.lm_calls,
-            "real_lm_calls": self.real_lm_calls, "timing_requests": self.timing_requests, "minutes": self.minutes,
-            "stop_reason": self.stop_reason, "verification": self.verification, "notes": self.notes,
+            "winner": self.winner, "token_budget": self.token_budget.to_dict(), "metrics": self.metrics(),
+            "lm_calls": self.lm_calls, "real_lm_calls": self.real_lm_calls, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens, "timing_requests": self.timing_requests,
+            "minutes": self.minutes, "stop_reason": self.stop_reason, "verification": self.verification,
+            "notes": self.notes, "plan": asdict(self.plan) if self.plan else None,
+            "plan_text": self.plan.sentence() if self.plan else None, "warm_share": self.warm_share,
+            "warm_share_source": self.warm_share_source, "ttft_resolution": self.ttft_resolution,
+            "ttft_kind": self.ttft_kind, "max_quality_drop": self.max_quality_drop, "splits": self.splits,
             "provenance": self.provenance,
-        }
+        })
 
     def write(self, folder: str | os.PathLike[str]) -> dict[str, Path]:
         """Write the tables (Parquet), ``result.json`` and ``pareto.png`` into ``folder``."""
@@ -193,45 +212,7 @@ class OptimizationResult:
             frame: pd.DataFrame = getattr(self, name)
             if name != "candidates" and frame.empty:
                 continue
-            paths[name] = _atomic_write(folder / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
-        text = json.dumps(self.to_json(), indent=2, sort_keys=True, default=str)
-        paths["result"] = _atomic_write(folder / "result.json", lambda p: Path(p).write_text(text + "\n", encoding="utf-8"))
-        paths["plot"] = self.plot(folder / "pareto.png")
+            paths[name] = atomic_write(folder / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
+        paths["result"] = write_json(folder / "result.json", self.to_json())
+        paths["plot"] = atomic_write(folder / "pareto.png", lambda p: plot_pareto(self, p))
         return paths
-
-    def plot(self, path: str | os.PathLike[str]) -> Path:
-        """The Pareto front PNG (see ``plot.py``)."""
-        from promptdistill.optimize.plot import plot_pareto
-
-        return _atomic_write(Path(path), lambda p: plot_pareto(self, p))
-
-    def publish(self, registry: Any, *, labels: tuple[str, ...] = ("candidate",), actor: str | None = None,
-                parent: int | None | str = "auto") -> Any:
-        """Publish ``content`` with provenance and metrics; returns the ``VersionRecord``.
-
-        Args:
-            registry: a ``promptdistill.registry.Registry``.
-            labels: labels to point at the new version.
-            actor: who publishes (default: ``$PROMPTDISTILL_ACTOR`` or user@host).
-            parent: a version number, None, or 'auto': the version labelled production,
-                else the latest version, else None.
-        """
-        if parent == "auto":
-            parent = None
-            versions = registry.versions(self.spec_name)
-            if versions:
-                parent = registry.labels(self.spec_name).get("production", versions[-1])
-        reason = ("baseline kept: " if self.kept_baseline else f"optimized ({self.winner_id}): ") + self.reason
-        return registry.publish(self.spec_name, self.content, parent=parent, provenance=self.provenance,
-                                metrics=_json_safe(self.metrics()), labels=labels, actor=actor, reason=reason[:500])
-
-
-def _json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in values.items():
-        if hasattr(v, "item"):
-            v = v.item()
-        if isinstance(v, float) and v != v:
-            v = None
-        out[k] = v
-    return out

@@ -1,67 +1,70 @@
-"""``optimize(engine, spec, ...)``: tune few-shot examples and density against quality and TTFT.
+"""The state of one optimization run and its search steps (``optimize`` runs them in order).
 
-The run, in order (each step a method of ``_Run``):
+The run, in order (each step a method of ``OptimizeRun``, the state ``finish`` reads too):
 
-1. split the dataset: train (example pool), dev (search, shuffled by the seed, cut to
-   ``dev_size``), test (verification only, never seen before step 8);
-2. evaluate the baseline (the spec as written) on every dev record;
-3. choose the fixed example set per count: a few draws, scored on the dev minibatch;
-4. build the grid (instruction variants x none/fixed/similar x counts), predict every
-   candidate's TTFT cold and warm with the fitted TTFT model, drop what cannot fit the
-   context window;
-5. successive halving over the dev records, bounded by the LM-call and time budget
-   (the steps after the search are reserved up front, so no step can overrun it);
-6. score (bootstrap CIs, paired lower bounds against the baseline), the Pareto front,
-   and the selection rule (``select.py``);
-7. for the winner: the valid-JSON rate three ways (free text, schema in the prompt,
+1. split the dataset (:func:`promptdistill.search.splits.split_records`): train (example
+   pool), screen, certify, test (verification only, never seen before step 7);
+2. the baseline (the spec as written) on the screen records;
+3. per fixed count, the example set with the best screen score among a few draws;
+4. the grid (instruction variants x none/fixed/similar x counts); every candidate's TTFT
+   predicted cold and warm with the fitted TTFT model; what cannot fit the context is dropped;
+5. screen the grid, then race the finalists against the baseline on the certify records
+   (:mod:`promptdistill.search.racing`): a finalist can win only when certified
+   non-inferior; the lowest predicted TTFT wins, differences within the TTFT model's
+   error are ties (fewer static tokens, then quality);
+6. for the winner: the valid-JSON rate three ways (free text, schema in the prompt,
    constrained decoding), then ``max_tokens`` from its completion tokens;
-8. verify on the test split (``verify.py``) and keep the baseline if the winner fails.
+7. verify on the test split, measure TTFT cold and warm on the engine, keep the baseline
+   if the winner fails (``finish.py``).
 
 Every LM request is counted (``lm_calls``); with a ``CachedEngine`` the cache misses are
-counted too (``real_lm_calls``): a re-run with the same seed and a warm cache makes none,
-as long as the call budget (not the clock) bounded the first run's search: a search cut
-by ``max_minutes`` depends on the machine's load, and a fast cached re-run goes further.
-TTFT measurement in step 8 always goes to the engine behind the cache (a cached
-timing would be a stale one) and is counted apart (``timing_requests``).
+counted too (``real_lm_calls``). TTFT measurement always goes to the engine behind the
+cache (a cached timing would be a stale one) and is counted apart (``timing_requests``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult, canonical_json
-from promptdistill.errors import ConfigError
-from promptdistill.evaluate import EvalReport, evaluate, judge_cost
+from promptdistill.core.errors import ConfigError
+from promptdistill.core.jsonio import canonical_json
+from promptdistill.engine.base import Engine
+from promptdistill.engine.meter import CallMeter
+from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
+from promptdistill.judges.runner import JudgeRunner
+from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_subsets, per_request_spec, with_fewshot
 from promptdistill.optimize.predict import predict_candidate, prefix_block_tokens
-from promptdistill.optimize.search import OptCandidate, rank_key, rung_sizes, successive_halving
-from promptdistill.optimize.select import SelectionRule, expected_ttft
+from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
 from promptdistill.optimize.variants import instruction_variants
-from promptdistill.specs import Spec, build_system, select_examples, spec_messages
+from promptdistill.search.budget import Budget
+from promptdistill.search.racing import Candidate, RaceSettings, race, screen, select
+from promptdistill.search.sequential import Plan, plan_records
+from promptdistill.search.splits import split_records
+from promptdistill.specs.model import Spec
+from promptdistill.specs.prompt import build_system, select_examples, spec_messages
 
-__all__ = ["OptimizeBudget", "optimize"]
+__all__ = ["OptimizeBudget", "OptimizeRun", "format_variants", "schema_in_prompt"]
+
+Record = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class OptimizeBudget:
-    """Sizes and limits of one run. Defaults optimize one spec in a few minutes on a 2-core CPU."""
+    """Sizes and limits of one run. The defaults optimize one spec in minutes on a 2-core CPU."""
 
-    max_lm_calls: int = 1200
+    max_lm_calls: int = 4000
     """Every LM request of the run (generation and judges), search and verification."""
-    max_minutes: float = 8.0
+    max_minutes: float = 20.0
     """Wall-clock limit of the whole run: the search shrinks so that the steps after it
     (projected from the run's pace) still fit."""
-    dev_size: int = 40
-    """Dev records of the last rung (selection and the token budget use them all)."""
-    minibatch_size: int = 8
-    """Dev records of the first rung and of the fixed-example choice."""
-    eta: int = 3
-    """Successive halving keeps ceil(n / eta) candidates per rung."""
-    test_size: int = 40
+    screen_size: int = 16
+    """Dev records that screen the grid and choose the example sets (never used to certify)."""
+    dev_size: int = 400
+    """Dev records in all: the screen records, then the race's certify pool."""
+    test_size: int = 200
     """Held-out test records for the verification."""
     fewshot_counts: tuple[int, ...] = (0, 2, 4, 8)
     """Counts of fixed (cacheable) examples; 0 is 'no examples'."""
@@ -78,10 +81,10 @@ class OptimizeBudget:
     formats: bool = True
     """Compare free text, schema-in-prompt and constrained decoding (specs with a schema)."""
     format_size: int = 16
-    """Dev records the three output formats are compared on."""
+    """Screen records the three output formats are compared on."""
 
     def __post_init__(self) -> None:
-        for name in ("max_lm_calls", "dev_size", "minibatch_size", "feature_records"):
+        for name in ("max_lm_calls", "dev_size", "screen_size", "feature_records"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
         for name in ("test_size", "timing_records", "fixed_subsets", "format_size"):
@@ -89,8 +92,6 @@ class OptimizeBudget:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}.")
         if self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be positive, got {self.max_minutes}.")
-        if self.eta < 2:
-            raise ValueError(f"eta must be at least 2, got {self.eta}.")
         if self.max_variants < 1:
             raise ValueError(f"max_variants must be at least 1, got {self.max_variants}.")
         for name in ("fewshot_counts", "similar_counts"):
@@ -103,281 +104,14 @@ class OptimizeBudget:
         return dataclasses.asdict(self)
 
 
-_TIMING_COST = 3
-"""A TTFT timing request (sent alone) costs about as much time as this many batched LM calls."""
-
-
-class _Recorder(EngineWrapper):
-    """Counts every request and keeps each ``generate`` batch's results (per-record tokens)."""
-
-    def __init__(self, engine: Engine):
-        super().__init__(engine)
-        self.calls = 0
-        self.batches: list[list[GenerationResult]] = []
-
-    def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
-        results = self.engine.generate(requests, progress=progress)
-        self.calls += len(requests)
-        self.batches.append(results)
-        return results
-
-
-
-def prefix_report(report: EvalReport, n: int) -> EvalReport:
-    """The first ``n`` records of ``report`` (token totals are not split: left at 0)."""
-    eq = None if report.equivalence is None else report.equivalence[:n]
-    return EvalReport(spec_name=report.spec_name, record_ids=report.record_ids[:n], scores=report.scores[:n],
-                      replies=report.replies[:n], valid=report.valid[:n], equivalence=eq)
+_TIMING_COST_S = 1.5
+"""Seconds one TTFT timing request (sent alone, after a cache reset) takes here, roughly."""
 
 
 def schema_in_prompt(spec: Spec) -> Spec:
     """``spec`` with its output schema declared in the prompt, as one more rule."""
     rule = f"Reply with one JSON object that matches this JSON Schema: {canonical_json(spec.output_schema)}"
     return spec.with_changes(constraints=(*spec.constraints, rule))
-
-
-class _Run:
-    def __init__(self, engine: Engine, spec: Spec, ttft_model: Any, budget: OptimizeBudget, seed: int,
-                 rule: SelectionRule, distilled: Any, timing_engine: Engine | None):
-        from promptdistill.judge_runner import JudgeRunner
-
-        self.spec, self.model, self.budget, self.seed, self.rule = spec, ttft_model, budget, seed, rule
-        self.distilled = distilled
-        self.outer = engine
-        self.timing_engine = timing_engine if timing_engine is not None else getattr(engine, "engine", engine)
-        self.lm = _Recorder(engine)
-        self.runner = JudgeRunner(self.lm, seed=seed)
-        self.block_tokens = prefix_block_tokens(engine)
-        self.max_drop = spec.slo.max_quality_drop
-        self.max_tokens = spec.max_tokens or 256
-        self.started = time.monotonic()
-        self.deadline = self.started + 60.0 * budget.max_minutes
-        self.stop_reason: str | None = None
-        self.notes: list[str] = []
-
-    # -- data and budget --------------------------------------------------------------
-    def split(self) -> None:
-        from promptdistill.datasets import dataset_for, records
-
-        df = dataset_for(self.spec)
-        rng = random.Random(self.seed)
-        dev, test = records(df, "dev"), records(df, "test")
-        rng.shuffle(dev)
-        rng.shuffle(test)
-        self.train = records(df, "train")
-        self.dev, self.test = dev[: self.budget.dev_size], test[: self.budget.test_size]
-        if not self.dev:
-            raise ValueError(f"{self.spec.dataset}: no dev records to optimize on")
-        self.minibatch = min(self.budget.minibatch_size, len(self.dev))
-        self.similar = SimilarExamples(self.spec, self.train).fit() if self.train else None
-
-    def cost(self, n_records: int, *, equivalence: bool = False) -> int:
-        return judge_cost(self.spec, n_records, with_equivalence=equivalence)
-
-    def reserve(self) -> int:
-        """LM calls the steps after the search may need (formats, verification, a fallback)."""
-        n_dev, n_test = len(self.dev), len(self.test)
-        n_fmt = min(n_dev, self.budget.format_size)
-        formats = 2 * self.cost(n_fmt) if self.budget.formats and self.spec.output_schema is not None else 0
-        return formats + 2 * self.cost(n_test) + self.cost(n_test, equivalence=True)
-
-    def affordable(self, n_cands: int, n_records: int) -> int:
-        """How many candidates can be evaluated on ``n_records`` more records within both budgets.
-
-        Time is projected from the run's own pace (seconds per LM call so far): the
-        steps after the search (their reserved calls, and the TTFT timing requests, sent
-        one at a time) must still fit before the deadline.
-        """
-        per_cand = max(1, self.cost(n_records))
-        by_calls = (self.budget.max_lm_calls - self.reserved - self.lm.calls) // per_cand
-        now = time.monotonic()
-        pace_s = (now - self.started) / self.lm.calls if self.lm.calls else 0.0
-        after_s = pace_s * (self.reserved + _TIMING_COST * 6 * self.budget.timing_records)
-        by_time = n_cands if pace_s == 0 else int((self.deadline - now - after_s) // (pace_s * per_cand))
-        can = max(0, min(n_cands, by_calls, by_time))
-        if by_time < min(n_cands, by_calls):
-            self.stop_reason = f"budget: time ({self.budget.max_minutes:g} min, at {pace_s:.2f} s per LM call)"
-        return can
-
-    # -- evaluation -------------------------------------------------------------------
-    def records_for(self, cand: OptCandidate, records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        if cand.strategy == "similar":
-            return with_fewshot(self.spec, records, self.similar, cand.k)
-        return list(records)
-
-    def run_eval(self, spec: Spec, examples: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]], *,
-                 constrained: bool = True, max_tokens: int | None = None,
-                 baseline_replies: Sequence[str] | None = None) -> tuple[EvalReport, list[GenerationResult]]:
-        """``evaluate`` through the recorder; its first batch holds the per-record generations."""
-        first = len(self.lm.batches)
-        report = evaluate(self.lm, spec, records, examples=examples, constrained=constrained, judge_runner=self.runner,
-                          max_tokens=max_tokens or self.max_tokens, seed=self.seed, baseline_replies=baseline_replies)
-        results = self.lm.batches[first] if len(self.lm.batches) > first else []
-        if len(results) != len(records):  # evaluate's contract: all generations in ONE batch, first
-            raise RuntimeError(f"evaluate sent {len(results)} generations in its first batch for {len(records)} records")
-        del self.lm.batches[first:]
-        return report, list(results)
-
-    def evaluate_candidate(self, cand: OptCandidate, records: Sequence[Mapping[str, Any]]) -> None:
-        report, results = self.run_eval(cand.spec, cand.examples, self.records_for(cand, records))
-        cand.add(report, results)
-
-    def predict(self, cand: OptCandidate) -> None:
-        sample = self.records_for(cand, self.dev[: self.budget.feature_records])
-        cand.prediction = dict(predict_candidate(
-            self.lm, self.model, cand.spec, sample, examples=cand.examples,
-            fewshot_count=cand.k if cand.strategy == "similar" else None, block_tokens=self.block_tokens))
-        cand.prediction["ttft_expected_ms"] = expected_ttft(
-            cand.prediction["ttft_cold_ms"], cand.prediction["ttft_warm_ms"], self.rule.warm_share)
-
-    def fits_context(self, cand: OptCandidate) -> bool:
-        """Does the longest dev/test prompt leave room for ``max_tokens``?"""
-        pool = self.records_for(cand, self.dev + self.test)
-        longest = sorted(pool, key=lambda r: -sum(len(str(v)) for v in r["inputs"].values()))[:2]
-        worst = max(self.lm.count_tokens(spec_messages(cand.spec, r["inputs"], examples=cand.examples)) for r in longest)
-        cand.prediction["longest_prompt_tokens"] = worst
-        return worst + self.max_tokens <= self.lm.identity.max_model_len
-
-    # -- steps ------------------------------------------------------------------------
-    def evaluate_baseline(self) -> OptCandidate:
-        # The spec as served: its own examples as ``examples_for(spec)`` picks them (seed 0).
-        examples = select_examples(self.spec, self.train, seed=0)
-        base = OptCandidate("baseline", "original", "baseline", len(examples), self.spec, examples=examples,
-                            subset=self.spec.examples.selection)
-        needed = self.cost(len(self.dev)) + self.reserved
-        if needed > self.budget.max_lm_calls:
-            raise ConfigError(f"optimize budget: max_lm_calls: {self.budget.max_lm_calls} is too small for "
-                              f"{self.spec.name}: the baseline and the verification alone need up to {needed} LM "
-                              f"calls ({len(self.dev)} dev, {len(self.test)} test records); raise it or lower "
-                              "dev_size/test_size")
-        self.predict(base)
-        self.evaluate_candidate(base, self.dev)
-        base.rung = len(self.sizes) - 1
-        self.base = base
-        return base
-
-    def choose_fixed_sets(self) -> dict[int, OptCandidate]:
-        """Per fixed count, the example set with the best minibatch score (original instruction)."""
-        chosen: dict[int, OptCandidate] = {}
-        mb = self.dev[: self.minibatch]
-        for k in sorted({k for k in self.budget.fewshot_counts if k > 0}):
-            subsets = fixed_subsets(self.spec, self.train, k, n_subsets=max(1, self.budget.fixed_subsets), seed=self.seed)
-            trials = [OptCandidate(f"original/fixed{k}", "original", "fixed", k, fixed_spec(self.spec, recs),
-                                   examples=recs, subset=name) for name, recs in subsets]
-            if not trials:
-                self.notes.append(f"fixed{k}: the train split has fewer than {k} records")
-                continue
-            if len(trials) > 1:
-                if self.affordable(len(trials), len(mb)) < len(trials):
-                    trials = trials[:1]
-                    self.notes.append(f"fixed{k}: budget allowed no choice between example sets; took the spec's rule")
-                else:
-                    base_key = (build_system(self.base.spec, self.base.examples), self.base.spec.user)
-                    for t in trials:
-                        if (build_system(t.spec, t.examples), t.spec.user) == base_key:
-                            t.add(prefix_report(self.base.report, len(mb)), self.base.results[: len(mb)])
-                            t.lm_calls = 0  # the baseline's calls, not this candidate's
-                        else:
-                            self.evaluate_candidate(t, mb)
-                    trials.sort(key=lambda t: -(t.mean or 0.0))  # stable: ties keep the spec's own rule
-                    trials[0].notes.append("example set chosen by minibatch score among " + ", ".join(
-                        f"{t.subset}={t.mean:.3f}" for t in trials if t.mean is not None))
-            chosen[k] = trials[0]
-        return chosen
-
-    def grid(self, base: OptCandidate, fixed: dict[int, OptCandidate]) -> list[OptCandidate]:
-        out: list[OptCandidate] = []
-        base_key = (build_system(base.spec, base.examples), base.spec.user)
-        seen = {base_key}
-        for vid, vspec in instruction_variants(self.spec, self.distilled, max_variants=self.budget.max_variants):
-            for k in self.budget.fewshot_counts:
-                if k == 0:
-                    cand = OptCandidate(f"{vid}/none", vid, "none", 0, fixed_spec(vspec, []))
-                elif k in fixed:
-                    f = fixed[k]
-                    if vid == "original":
-                        cand = f
-                    else:
-                        cand = OptCandidate(f"{vid}/fixed{k}", vid, "fixed", k, fixed_spec(vspec, f.examples),
-                                            examples=f.examples, subset=f.subset)
-                else:
-                    continue
-                out.append(cand)
-            if self.similar is not None:
-                for k in self.budget.similar_counts:
-                    if 0 < k <= len(self.train):
-                        out.append(OptCandidate(f"{vid}/similar{k}", vid, "similar", k, per_request_spec(vspec)))
-        unique = []
-        for cand in out:
-            key = (build_system(cand.spec, cand.examples), cand.spec.user)
-            if key not in seen:
-                seen.add(key)
-                unique.append(cand)
-            elif key == base_key:
-                base.notes.append(f"{cand.id} renders the same prompt as the baseline")
-        return unique
-
-    def search(self, base: OptCandidate, grid: list[OptCandidate]) -> tuple[list[OptCandidate], list[OptCandidate]]:
-        """Predict, drop what does not fit, run successive halving. Returns (all, alive)."""
-        runnable = []
-        for cand in grid:
-            self.predict(cand)
-            if self.fits_context(cand):
-                runnable.append(cand)
-            else:
-                cand.notes.append(f"does not fit the context window: {cand.prediction['longest_prompt_tokens']} prompt "
-                                  f"tokens + {self.max_tokens} > {self.lm.identity.max_model_len}")
-        base_scores = base.report.scores
-
-        def key(c: OptCandidate) -> tuple:
-            return rank_key(c, base_scores, self.max_drop, ttft_kind=self.rule.ttft, slo_ttft_ms=self.spec.slo.ttft_ms,
-                            publishable_only=not self.rule.allow_per_request_examples)
-
-        alive, stop = successive_halving(runnable, self.dev, self.sizes, self.evaluate_candidate, key,
-                                         eta=self.budget.eta, affordable=self.affordable)
-        if stop:
-            self.stop_reason = self.stop_reason or stop
-        return grid, alive
-
-
-def optimize(
-    engine: Engine,
-    spec: Spec,
-    *,
-    ttft_model: Any,
-    budget: OptimizeBudget = OptimizeBudget(),
-    seed: int = 0,
-    distill_candidates: Any = None,
-    selection: SelectionRule = SelectionRule(),
-    timing_engine: Engine | None = None,
-) -> "OptimizationResult":
-    """Tune few-shot examples and instruction density of ``spec``; verify the winner on test.
-
-    Args:
-        engine: the target model, ideally a ``CachedEngine`` (re-runs are then free).
-        spec: the spec as written: the baseline. It is not changed.
-        ttft_model: a fitted ``TTFTModel`` for this engine (``ModelIdentityError`` otherwise).
-        budget: sizes and limits.
-        seed: shuffles dev/test, draws example sets, seeds every request.
-        distill_candidates: instruction variants: a ``DistillResult``, specs, (id, spec) pairs, or None.
-        selection: the rule that picks the winner.
-        timing_engine: where TTFT is measured (default: the engine behind a cache).
-
-    Returns:
-        An ``OptimizationResult`` with the publishable template, the figures, the Pareto
-        table and the candidate log.
-    """
-    from promptdistill.optimize.finish import finish
-
-    ttft_model.check_engine(engine.identity)
-    run = _Run(engine, spec, ttft_model, budget, seed, selection, distill_candidates, timing_engine)
-    run.split()
-    run.sizes = rung_sizes(run.minibatch, len(run.dev), eta=budget.eta)
-    run.reserved = run.reserve()
-    base = run.evaluate_baseline()
-    fixed = run.choose_fixed_sets()
-    grid, _alive = run.search(base, run.grid(base, fixed))
-    return finish(run, base, grid)
 
 
 def format_variants(spec: Spec) -> dict[str, tuple[Spec, bool]]:
@@ -387,3 +121,241 @@ def format_variants(spec: Spec) -> dict[str, tuple[Spec, bool]]:
     added as a rule, unconstrained; 'constrained': decoding constrained to the schema.
     """
     return {"free": (spec, False), "schema_in_prompt": (schema_in_prompt(spec), False), "constrained": (spec, True)}
+
+
+def _inner(engine: Engine) -> Engine:
+    """The engine behind any wrappers (where timing requests must go)."""
+    while hasattr(engine, "engine"):
+        engine = engine.engine
+    return engine
+
+
+def measured_warm_share(engine: Engine) -> float | None:
+    """The prefix-cache hit rate a vLLM server reports, when the engine is one (else None)."""
+    probe = getattr(_inner(engine), "prefix_cache_hit_rate", None)
+    return probe() if callable(probe) else None
+
+
+class OptimizeRun:
+    """Everything one optimization run knows: its inputs, records, candidates and decisions.
+
+    Built by :func:`optimize`; ``finish`` (``finish.py``) reads it to assemble the result.
+    """
+
+    def __init__(self, engine: Engine, spec: Spec, ttft_model: Any, budget: OptimizeBudget, seed: int,
+                 rule: SelectionRule, distilled: Any, timing_engine: Engine | None = None,
+                 judge_engine: Engine | None = None):
+        ttft_model.check_engine(engine.identity)
+        self.spec, self.model, self.budget, self.seed, self.rule = spec, ttft_model, budget, seed, rule
+        self.distilled = distilled
+        self.outer = engine
+        self.timing_engine = timing_engine if timing_engine is not None else _inner(engine)
+        self.meter = CallMeter(engine)
+        self.runner = JudgeRunner(self.meter if judge_engine is None else CallMeter(judge_engine), seed=seed)
+        self.block_tokens = prefix_block_tokens(engine)
+        self.max_drop = spec.slo.max_quality_drop
+        self.max_tokens = spec.max_tokens or 256
+        self.per_record = judge_cost(spec, 1)
+        measured = measured_warm_share(engine) if rule.warm_share is None else None
+        if rule.warm_share is not None:
+            self.warm_share, self.warm_share_source = rule.warm_share, "configured"
+        elif measured is not None:
+            self.warm_share, self.warm_share_source = measured, "measured (server prefix-cache hit rate)"
+        else:
+            self.warm_share, self.warm_share_source = ASSUMED_WARM_SHARE, "assumed"
+        self.resolution_rel = ttft_model.relative_error
+        self.settings = RaceSettings(margin=self.max_drop, alpha=rule.alpha, finalists=rule.finalists,
+                                     first_look=rule.first_look)
+        self.splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
+                                    test_size=budget.test_size)
+        self.similar = SimilarExamples(spec, self.splits.train).fit() if self.splits.train else None
+        self.search_budget = Budget(self.meter, max_calls=budget.max_lm_calls, max_minutes=budget.max_minutes,
+                                    reserved_calls=self.reserved_calls(),
+                                    reserved_s=_TIMING_COST_S * 4 * budget.timing_records)
+        self.notes: list[str] = []
+        self.baseline: ExampleCandidate | None = None
+        self.grid: list[ExampleCandidate] = []
+        self.finalists: list[Candidate] = []
+        self.plan: Plan | None = None
+        self.kept_reason: str | None = None
+        """Why the race did not run (the metric measures nothing here), if it did not."""
+
+    # -- data and budget --------------------------------------------------------------
+    def reserved_calls(self) -> int:
+        """LM calls the steps after the search may need (formats, verification, a fallback)."""
+        n_fmt = min(len(self.splits.screen), self.budget.format_size)
+        formats = 2 * n_fmt * self.per_record if self.budget.formats and self.spec.output_schema is not None else 0
+        return formats + 3 * len(self.splits.test) * self.per_record
+
+    def records_for(self, cand: ExampleCandidate, records: Sequence[Record]) -> list[Record]:
+        """The records as the candidate's prompt needs them (per-request examples filled in)."""
+        if cand.strategy == "similar":
+            return with_fewshot(self.spec, records, self.similar, cand.k)
+        return list(records)
+
+    def item(self, cand: ExampleCandidate, records: Sequence[Record], *, spec: Spec | None = None,
+             constrained: bool = True, max_tokens: int | None = None) -> EvalItem:
+        """What evaluating ``cand`` (or ``spec`` with its examples) on ``records`` means."""
+        return EvalItem(spec or cand.spec, self.records_for(cand, records), cand.examples, constrained,
+                        max_tokens or self.max_tokens)
+
+    def evaluate(self, cands: list[Candidate], records: Sequence[Record]) -> list[EvalReport]:
+        """The race's and the screen's evaluation: every candidate in one batch."""
+        return evaluate_many(self.meter, [self.item(c, records) for c in cands], judge_runner=self.runner,
+                             seed=self.seed)
+
+    def predict(self, cand: ExampleCandidate) -> None:
+        sample = self.records_for(cand, self.splits.dev[: self.budget.feature_records])
+        p = dict(predict_candidate(self.meter, self.model, cand.spec, sample, examples=cand.examples,
+                                   fewshot_count=cand.k if cand.strategy == "similar" else None,
+                                   block_tokens=self.block_tokens))
+        p["ttft_expected_ms"] = expected_ttft(p["ttft_cold_ms"], p["ttft_warm_ms"], self.warm_share)
+        cand.prediction = p
+        cand.cost = p[f"ttft_{self.rule.ttft}_ms"]
+        cand.static_tokens = int(round(p["static_prefix_tokens"]))
+
+    def resolution(self, a: Candidate, b: Candidate) -> float:
+        """A predicted TTFT difference below the model's error at that point is a tie."""
+        return self.resolution_rel * max(a.cost, b.cost)
+
+    def fits_context(self, cand: ExampleCandidate) -> bool:
+        """Does the longest dev/test prompt leave room for ``max_tokens``?"""
+        pool = self.records_for(cand, self.splits.dev + self.splits.test)
+        longest = sorted(pool, key=lambda r: -sum(len(str(v)) for v in r["inputs"].values()))[:2]
+        worst = max(self.meter.count_tokens(spec_messages(cand.spec, r["inputs"], examples=cand.examples))
+                    for r in longest)
+        cand.prediction["longest_prompt_tokens"] = worst
+        return worst + self.max_tokens <= self.meter.identity.max_model_len
+
+    def screen(self, cands: Sequence[Candidate], keep: int | None = None) -> list[Candidate]:
+        return screen(self.baseline, cands, self.splits.screen, self.evaluate, budget=self.search_budget,
+                      settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record, keep=keep)
+
+    # -- steps ------------------------------------------------------------------------
+    def evaluate_baseline(self) -> ExampleCandidate:
+        """The spec as served (its own examples, as ``examples_for(spec)`` picks them), screened."""
+        examples = select_examples(self.spec, self.splits.train, seed=0)
+        base = ExampleCandidate(id="baseline", spec=self.spec, examples=list(examples), variant="original",
+                                strategy="baseline", k=len(examples), subset=self.spec.examples.selection)
+        needed = (len(self.splits.screen) + len(self.splits.certify)) * self.per_record + self.reserved_calls()
+        if needed > self.budget.max_lm_calls:
+            raise ConfigError(f"optimize budget: max_lm_calls: {self.budget.max_lm_calls} is too small for "
+                              f"{self.spec.name}: the baseline and the verification alone need up to {needed} LM "
+                              f"calls ({len(self.splits.dev)} dev, {len(self.splits.test)} test records); raise it "
+                              "or lower dev_size/test_size")
+        self.baseline = base
+        self.predict(base)
+        self.screen([])
+        return base
+
+    def choose_fixed_sets(self) -> dict[int, ExampleCandidate]:
+        """Per fixed count, the example set with the best screen score (original instruction)."""
+        chosen: dict[int, ExampleCandidate] = {}
+        base_key = (build_system(self.baseline.spec, self.baseline.examples), self.baseline.spec.user)
+        for k in sorted({k for k in self.budget.fewshot_counts if k > 0}):
+            subsets = fixed_subsets(self.spec, self.splits.train, k, n_subsets=max(1, self.budget.fixed_subsets),
+                                    seed=self.seed)
+            trials = [ExampleCandidate(id=f"original/fixed{k}", spec=fixed_spec(self.spec, recs), examples=list(recs),
+                                       variant="original", strategy="fixed", k=k, subset=name)
+                      for name, recs in subsets]
+            if not trials:
+                self.notes.append(f"fixed{k}: the train split has fewer than {k} records")
+                continue
+            if len(trials) > 1:
+                n = len(self.splits.screen)
+                fresh = [t for t in trials if (build_system(t.spec, t.examples), t.spec.user) != base_key]
+                if self.search_budget.affordable(len(fresh), n * self.per_record, "example sets") < len(fresh):
+                    trials = trials[:1]
+                    self.notes.append(f"fixed{k}: budget allowed no choice between example sets; took the spec's rule")
+                else:
+                    for t in trials:
+                        if t not in fresh:
+                            t.screen = self.baseline.screen  # renders the baseline's prompt: reuse its replies
+                    for t, report in zip(fresh, self.evaluate(fresh, self.splits.screen)):
+                        t.add("screen", report)
+                    trials.sort(key=lambda t: -(t.mean or 0.0))  # stable: ties keep the spec's own rule
+                    trials[0].notes.append("example set chosen by screen score among " + ", ".join(
+                        f"{t.subset}={t.mean:.3f}" for t in trials if t.mean is not None))
+            chosen[k] = trials[0]
+        return chosen
+
+    def build_grid(self, fixed: dict[int, ExampleCandidate]) -> list[ExampleCandidate]:
+        """Variants x example settings, each rendering a prompt different from the baseline's."""
+        base = self.baseline
+        out: list[ExampleCandidate] = []
+        for vid, vspec in instruction_variants(self.spec, self.distilled, max_variants=self.budget.max_variants):
+            for k in self.budget.fewshot_counts:
+                if k == 0:
+                    out.append(ExampleCandidate(id=f"{vid}/none", spec=fixed_spec(vspec, []), variant=vid,
+                                                strategy="none"))
+                elif k in fixed:
+                    f = fixed[k]
+                    out.append(f if vid == "original" else ExampleCandidate(
+                        id=f"{vid}/fixed{k}", spec=fixed_spec(vspec, f.examples), examples=f.examples, variant=vid,
+                        strategy="fixed", k=k, subset=f.subset))
+            if self.similar is not None:
+                out += [ExampleCandidate(id=f"{vid}/similar{k}", spec=per_request_spec(vspec), variant=vid,
+                                         strategy="similar", k=k)
+                        for k in self.budget.similar_counts if 0 < k <= len(self.splits.train)]
+        base_key = (build_system(base.spec, base.examples), base.spec.user)
+        seen, unique = {base_key}, []
+        for cand in out:
+            key = (build_system(cand.spec, cand.examples), cand.spec.user)
+            if key not in seen:
+                seen.add(key)
+                unique.append(cand)
+            elif key == base_key:
+                base.notes.append(f"{cand.id} renders the same prompt as the baseline")
+        return unique
+
+    def search(self) -> None:
+        """Predict, drop what does not fit, screen, plan, race (sets ``finalists`` and decisions)."""
+        runnable = []
+        for cand in self.grid:
+            self.predict(cand)
+            if self.fits_context(cand):
+                runnable.append(cand)
+            else:
+                cand.notes.append(f"does not fit the context window: {cand.prediction['longest_prompt_tokens']} "
+                                  f"prompt tokens + {self.max_tokens} > {self.meter.identity.max_model_len}")
+        ranked = self.screen(runnable, keep=len(runnable))
+        if self.baseline.screen is None:
+            self.kept_reason = self.search_budget.reason or "the baseline could not be screened"
+            return
+        self.kept_reason = unmeasured_quality(self.baseline.screen.scores)
+        if self.kept_reason:
+            return
+        slo = self.spec.slo.ttft_ms
+        eligible = []
+        for cand in ranked:
+            if not (cand.publishable or self.rule.allow_per_request_examples):
+                cand.notes.append("per-request examples: not publishable as a static template")
+            elif slo is not None and cand.cost > slo:
+                cand.notes.append(f"misses the SLO: predicted {self.rule.ttft} TTFT {cand.cost:.0f} ms > {slo:g} ms")
+            else:
+                eligible.append(cand)
+        self.finalists = eligible[: self.rule.finalists]
+        for cand in eligible[self.rule.finalists:]:
+            cand.notes.append(f"screening: not among the {self.rule.finalists} finalists")
+        self.plan = self.make_plan()
+        race(self.baseline, self.finalists, self.splits.certify, self.evaluate, budget=self.search_budget,
+             settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record)
+
+    def make_plan(self) -> Plan:
+        """What the certify pool can decide, at the finalists' discordance on the screen records."""
+        base = self.baseline.screen.scores
+        discordant = [abs(a - b) > 1e-9 for c in self.finalists if c.screen is not None
+                      for a, b in zip(c.screen.scores, base) if a is not None and b is not None]
+        share = sum(discordant) / len(discordant) if discordant else 0.2
+        return plan_records(len(self.splits.certify), discordance=share, margin=self.max_drop,
+                            alpha=self.rule.alpha / max(1, len(self.finalists)))
+
+    def select(self) -> tuple[ExampleCandidate, str]:
+        """The winner and why (the baseline when nothing was certified)."""
+        if self.kept_reason:
+            return self.baseline, f"{self.kept_reason}; keeping the baseline"
+        winner, reason = select(self.baseline, self.finalists, resolution=self.resolution)
+        if self.plan is not None and winner is self.baseline:
+            reason += f" ({self.plan.sentence()})"
+        return winner, reason  # type: ignore[return-value]
+

@@ -1,19 +1,19 @@
-"""Choosing the winner: the Pareto front, the explicit selection rule, the token budget.
+"""The optimizer's selection rule: which TTFT counts, what resolves a difference, the token budget.
 
 All pure. The rule (``SelectionRule``), in words:
 
-1. A candidate *qualifies* when it was evaluated on every dev record, can be published
-   as a static template, is non-inferior to the baseline (the paired bootstrap lower
-   bound of ``candidate - baseline`` is at least ``-slo.max_quality_drop``) and its
-   predicted TTFT meets ``slo.ttft_ms``. The TTFT is the *expected* one by default:
-   ``warm_share`` of the requests find the static prefix cached, the rest start cold.
-   (Warm alone hides what a shorter prompt saves: with 128-token cache blocks a pruned
-   instruction can leave a few more tokens uncached than the original.)
-2. Among qualifying candidates (the baseline included: it is trivially non-inferior)
-   the winner has the lowest predicted TTFT (``objective="min_ttft"``) or the highest
-   ``quality - lam_per_ms * ttft_ms`` (``objective="quality_minus_lambda_ttft"``).
-   Ties go to higher quality, then to the id.
-3. When nothing qualifies, the baseline is kept and the reason says what failed.
+1. A candidate can win only when the race certified it non-inferior to the baseline
+   (:mod:`promptdistill.search.racing`: an anytime-valid lower bound on the paired quality
+   difference above ``-slo.max_quality_drop``, error rate ``alpha`` over the finalists),
+   it can be published as a static template, and its predicted TTFT meets ``slo.ttft_ms``.
+2. Its cost is its predicted TTFT of the rule's kind: by default the *expected* TTFT,
+   ``warm_share * warm + (1 - warm_share) * cold``, where ``warm_share`` is the share of
+   requests that find the static prefix cached: measured from a vLLM server's prefix-cache
+   hit rate when the engine is one, else assumed (0.8, and every report says so).
+3. The lowest cost wins. A difference smaller than the TTFT model's error at that point
+   (its held-out mean absolute percentage error times the larger prediction) is a tie,
+   broken by fewer static prefix tokens (less KV-cache memory, lower cold TTFT), then by
+   higher quality. Nothing certified: the baseline is kept, and the reason says why.
 
 Example:
     >>> token_budget([10, 12, 12, 14]).max_tokens  # p95 13.7, plus 15%: 15.76
@@ -29,74 +29,58 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Scored", "SelectionRule", "TokenBudget", "assess", "expected_ttft", "pareto_front", "pareto_mask", "select_winner", "token_budget", "unmeasured_quality"]
+__all__ = [
+    "ASSUMED_WARM_SHARE",
+    "SelectionRule",
+    "TokenBudget",
+    "expected_ttft",
+    "pareto_front",
+    "pareto_mask",
+    "token_budget",
+    "unmeasured_quality",
+]
 
-OBJECTIVES = ("min_ttft", "quality_minus_lambda_ttft")
 TTFT_KINDS = ("expected", "warm", "cold")
+ASSUMED_WARM_SHARE = 0.8
+"""The warm share used when it cannot be measured (an in-process engine)."""
 
 
 @dataclass(frozen=True)
 class SelectionRule:
     """How the winner is picked. Every field has a default; see the module docstring."""
 
-    objective: str = "min_ttft"
-    """'min_ttft' or 'quality_minus_lambda_ttft'."""
-    lam_per_ms: float = 0.0
-    """Quality points traded per millisecond (quality_minus_lambda_ttft only)."""
     ttft: str = "expected"
-    """Which prediction the SLO and the objective use: 'expected' (the mix below), 'warm'
+    """Which prediction the SLO and the cost use: 'expected' (the mix below), 'warm'
     (static prefix cached) or 'cold'."""
-    warm_share: float = 0.8
-    """Share of production requests whose static prefix is already in the prefix cache
-    (the 'expected' TTFT is ``warm_share * warm + (1 - warm_share) * cold``)."""
-    confidence: float = 0.9
-    """One-sided level of the paired bootstrap lower bound (non-inferiority)."""
-    n_boot: int = 2000
+    warm_share: float | None = None
+    """Share of production requests whose static prefix is cached. None: measured from the
+    server's prefix-cache hit rate when the engine is a vLLM server, else 0.8 (assumed)."""
+    alpha: float = 0.1
+    """Chance of certifying any finalist whose quality drop exceeds the allowed one."""
+    finalists: int = 3
+    """Candidates raced on the certify records after screening (alpha is split among them)."""
+    first_look: int = 50
+    """Certify records of the race's first look (then doubling up to the pool)."""
     allow_per_request_examples: bool = False
     """Let candidates with per-request (retrieved) examples win. Their template needs
     the caller to retrieve examples for every request, so by default they are shown
     (Pareto front, trade-off table) but not published."""
     verify_on_test: bool = True
-    """Keep the baseline when the winner's mean on the test split falls more than the
-    allowed drop below the baseline's."""
+    """Keep the baseline when the winner's paired mean difference on the test split falls
+    more than the allowed drop below the baseline's."""
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}.")
         if self.ttft not in TTFT_KINDS:
             raise ValueError(f"ttft must be one of {TTFT_KINDS}, got {self.ttft!r}.")
-        if not 0.0 <= self.warm_share <= 1.0:
+        if self.warm_share is not None and not 0.0 <= self.warm_share <= 1.0:
             raise ValueError(f"warm_share must be in [0, 1], got {self.warm_share}.")
-        if self.lam_per_ms < 0:
-            raise ValueError(f"lam_per_ms must be at least 0, got {self.lam_per_ms}.")
-        if not 0.5 <= self.confidence < 1:
-            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}.")
+        if not 0.0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}.")
+        if self.finalists < 1 or self.first_look < 1:
+            raise ValueError(f"finalists and first_look must be at least 1, got {self.finalists}, {self.first_look}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Scored:
-    """What the rule needs to know about one candidate."""
-
-    id: str
-    quality: float | None
-    """Mean dev score."""
-    diff_lower: float | None
-    """Paired bootstrap lower bound of (candidate - baseline) on the same dev records."""
-    ttft_cold_ms: float
-    ttft_warm_ms: float
-    complete: bool = True
-    """Evaluated on every dev record."""
-    publishable: bool = True
-    """False for per-request example candidates (unless the rule allows them)."""
-
-    def ttft(self, kind: str, warm_share: float) -> float:
-        """The prediction of ``kind``; ``warm_share`` is the rule's (used for 'expected')."""
-        if kind == "expected":
-            return expected_ttft(self.ttft_cold_ms, self.ttft_warm_ms, warm_share)
-        return self.ttft_warm_ms if kind == "warm" else self.ttft_cold_ms
 
 
 def expected_ttft(cold_ms: float, warm_ms: float, warm_share: float) -> float:
@@ -109,107 +93,26 @@ def expected_ttft(cold_ms: float, warm_ms: float, warm_share: float) -> float:
     return warm_share * warm_ms + (1.0 - warm_share) * cold_ms
 
 
-def assess(cand: Scored, rule: SelectionRule, max_drop: float, slo_ttft_ms: float | None) -> tuple[bool, str]:
-    """Does ``cand`` qualify, and why (or why not)? The reason is one short phrase."""
-    if not cand.complete:
-        return False, "not evaluated on every dev record (eliminated by successive halving)"
-    if not cand.publishable and not rule.allow_per_request_examples:
-        return False, "per-request examples: not publishable as a static template"
-    if cand.quality is None or cand.diff_lower is None:
-        return False, "no scored records"
-    if cand.diff_lower < -max_drop - 1e-12:
-        return False, f"inferior: paired lower bound {cand.diff_lower:+.3f} < -{max_drop:g}"
-    ttft = cand.ttft(rule.ttft, rule.warm_share)
-    if slo_ttft_ms is not None and ttft > slo_ttft_ms:
-        return False, f"misses the SLO: predicted {rule.ttft} TTFT {ttft:.0f} ms > {slo_ttft_ms:g} ms"
-    return True, "qualifies"
-
-
-def _objective_key(cand: Scored, rule: SelectionRule) -> tuple:
-    ttft = cand.ttft(rule.ttft, rule.warm_share)
-    quality = cand.quality or 0.0
-    if rule.objective == "min_ttft":
-        return (ttft, -quality, cand.id)
-    return (-(quality - rule.lam_per_ms * ttft), ttft, cand.id)
-
-
 def unmeasured_quality(baseline_scores: Sequence[float | None]) -> str | None:
     """Why the metric cannot show a candidate non-inferior on these records, or None.
 
-    When the baseline scores 0 on every dev record (or none could be scored), any
-    candidate is trivially "no worse": the metric (often a judge too small for the
-    task) measures nothing, so shorter prompts would win on TTFT alone.
+    When the baseline scores 0 on every record (or none could be scored), any candidate
+    is trivially "no worse": the metric (often a judge too small for the task) measures
+    nothing, so shorter prompts would win on TTFT alone.
 
     Example:
         >>> unmeasured_quality([0.0, 0.0, None])
-        'the baseline scores 0 on every scored dev record (2 of 3): the metric does not measure quality here'
+        'the baseline scores 0 on every scored screen record (2 of 3): the metric does not measure quality here'
         >>> unmeasured_quality([0.0, 0.5]) is None
         True
     """
     scored = [s for s in baseline_scores if s is not None]
     if not scored:
-        return "no dev record of the baseline could be scored: the metric does not measure quality here"
+        return "no screen record of the baseline could be scored: the metric does not measure quality here"
     if all(s == 0.0 for s in scored):
-        return (f"the baseline scores 0 on every scored dev record ({len(scored)} of {len(baseline_scores)}): "
+        return (f"the baseline scores 0 on every scored screen record ({len(scored)} of {len(baseline_scores)}): "
                 "the metric does not measure quality here")
     return None
-
-
-def select_winner(
-    candidates: Sequence[Scored], baseline: Scored, rule: SelectionRule, *, max_drop: float, slo_ttft_ms: float | None,
-    baseline_scores: Sequence[float | None] | None = None,
-) -> tuple[Scored, str]:
-    """Apply the rule. Returns (winner, reason); the winner is ``baseline`` when nothing qualifies.
-
-    Args:
-        candidates: every candidate (the baseline may be among them or not).
-        baseline: the spec as written, evaluated on every dev record.
-        rule: the selection rule.
-        max_drop: the spec's allowed quality drop (``slo.max_quality_drop``).
-        slo_ttft_ms: the spec's TTFT target; None: no target.
-        baseline_scores: the baseline's per-record dev scores; when they show the metric
-            measures nothing (``unmeasured_quality``), the baseline is kept.
-    """
-    unmeasured = unmeasured_quality(baseline_scores) if baseline_scores is not None else None
-    if unmeasured:
-        return baseline, f"{unmeasured}; keeping the baseline"
-    pool = {c.id: c for c in candidates}
-    pool.setdefault(baseline.id, baseline)
-    verdicts = {cid: assess(c, rule, max_drop, slo_ttft_ms) for cid, c in pool.items()}
-    qualifying = [c for cid, c in pool.items() if verdicts[cid][0]]
-    kind = _kind_label(rule)
-    what = f"lowest predicted {kind} TTFT" if rule.objective == "min_ttft" else (
-        f"best quality - {rule.lam_per_ms:g} x {kind} TTFT (ms)")
-    slo = "no TTFT SLO" if slo_ttft_ms is None else f"SLO {kind} TTFT <= {slo_ttft_ms:g} ms"
-    if qualifying:
-        winner = min(qualifying, key=lambda c: _objective_key(c, rule))
-        if winner.id == baseline.id:
-            return baseline, (f"the baseline has the {what} of the {len(qualifying)} qualifying candidate(s) "
-                              f"(non-inferior at {rule.confidence:.0%}, drop <= {max_drop:g}, {slo}); keeping it")
-        return winner, (f"{winner.id}: {what} ({winner.ttft(rule.ttft, rule.warm_share):.0f} ms vs baseline "
-                        f"{baseline.ttft(rule.ttft, rule.warm_share):.0f} ms) among {len(qualifying)} qualifying candidate(s) "
-                        f"(non-inferior at {rule.confidence:.0%}, drop <= {max_drop:g}, {slo})")
-    return baseline, _no_winner_reason(pool, verdicts, baseline, rule, max_drop, slo_ttft_ms)
-
-
-def _kind_label(rule: SelectionRule) -> str:
-    return f"expected ({rule.warm_share:.0%} warm)" if rule.ttft == "expected" else rule.ttft
-
-
-def _no_winner_reason(pool: dict[str, Scored], verdicts: dict[str, tuple[bool, str]], baseline: Scored,
-                      rule: SelectionRule, max_drop: float, slo_ttft_ms: float | None) -> str:
-    complete = [c for c in pool.values() if c.complete]
-    noninferior = [c for c in complete if c.diff_lower is not None and c.diff_lower >= -max_drop - 1e-12
-                   and (c.publishable or rule.allow_per_request_examples)]
-    parts = [f"no candidate qualifies: {len(complete)} of {len(pool)} evaluated on every dev record, "
-             f"{len(noninferior)} non-inferior (paired {rule.confidence:.0%} lower bound >= -{max_drop:g})"]
-    if slo_ttft_ms is not None and noninferior:
-        fastest = min(noninferior, key=lambda c: c.ttft(rule.ttft, rule.warm_share))
-        parts.append(f"none of them meets the SLO {_kind_label(rule)} TTFT <= {slo_ttft_ms:g} ms "
-                     f"(fastest: {fastest.id} at {fastest.ttft(rule.ttft, rule.warm_share):.0f} ms)")
-    elif not noninferior:
-        parts.append(f"the baseline itself: {verdicts[baseline.id][1]}")
-    return "; ".join(parts) + "; keeping the baseline"
 
 
 def pareto_mask(quality: Sequence[float], cost: Sequence[float]) -> np.ndarray:
@@ -248,9 +151,9 @@ class TokenBudget:
     max_tokens: int
     p95_tokens: float
     truncation_rate: float
-    """Share of dev replies longer than ``max_tokens`` (or already cut at the search limit)."""
+    """Share of replies longer than ``max_tokens`` (or already cut at the search limit)."""
     already_truncated_rate: float
-    """Share of dev replies that hit the search's own limit (their true length is unknown)."""
+    """Share of replies that hit the search's own limit (their true length is unknown)."""
     n: int
     quantile: float
     headroom: float
@@ -269,7 +172,7 @@ def token_budget(
     """``max_tokens = ceil(p95(completion tokens) * (1 + headroom))``, at least 1.
 
     Args:
-        completion_tokens: the winner's completion tokens per dev reply.
+        completion_tokens: the winner's completion tokens per reply.
         truncated: per reply, whether it already stopped at the search's token limit
             (``finish_reason == "length"``); such a reply counts as truncated under any budget.
         quantile: the percentile (linear interpolation, numpy's default).

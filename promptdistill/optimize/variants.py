@@ -1,8 +1,9 @@
 """Instruction variants for the optimizer: the original plus the distiller's candidates.
 
-The distiller ([D]) returns candidates of several lengths and densities; the optimizer
-takes a few of them (the distiller's winner first, then the best of those evaluated
-furthest), so the search sweeps density and length with real rewrites.
+The distiller returns candidates of several lengths and densities; the optimizer takes its
+finalists (chosen on the screen records only, so the optimizer's race on the certify
+records stays unbiased), shortest first, so the search sweeps density and length with
+real rewrites.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ import json
 import os
 from typing import Any
 
-from promptdistill.specs import Spec
+import pandas as pd
+
+from promptdistill.specs.model import Spec
 
 __all__ = ["instruction_variants", "variants_from_parquet"]
 
 
-def _ranked_distill_candidates(result: Any) -> list[tuple[str, Spec]]:
-    winner = getattr(result, "winner", None)
-    cands = [c for c in getattr(result, "candidates", []) if getattr(c, "report", None) is not None]
-    cands.sort(key=lambda c: (c is not winner, -getattr(c, "rung", -1), -(c.report.mean or 0.0), c.id))
-    return [(c.id, c.spec) for c in cands]
+def _finalists(result: Any) -> list[tuple[str, Spec]]:
+    by_id = {c.id: c for c in result.candidates}
+    return [(cid, by_id[cid].spec) for cid in result.finalists if cid in by_id]
 
 
 def instruction_variants(spec: Spec, distilled: Any = None, *, max_variants: int = 3) -> list[tuple[str, Spec]]:
@@ -28,7 +29,7 @@ def instruction_variants(spec: Spec, distilled: Any = None, *, max_variants: int
 
     Args:
         spec: the spec as written.
-        distilled: a ``DistillResult``, or a sequence of specs or (id, spec) pairs, or None.
+        distilled: a ``DistillResult`` (its finalists), or a sequence of specs or (id, spec) pairs, or None.
         max_variants: the original included.
 
     Each variant keeps ``spec``'s examples, user template, output and metric: only the
@@ -37,8 +38,8 @@ def instruction_variants(spec: Spec, distilled: Any = None, *, max_variants: int
     pairs: list[tuple[str, Spec]] = []
     if distilled is None:
         pass
-    elif hasattr(distilled, "candidates"):
-        pairs = _ranked_distill_candidates(distilled)
+    elif hasattr(distilled, "finalists"):
+        pairs = _finalists(distilled)
     else:
         for n, item in enumerate(distilled):
             pairs.append(item if isinstance(item, tuple) else (f"variant{n + 1}", item))
@@ -56,17 +57,9 @@ def instruction_variants(spec: Spec, distilled: Any = None, *, max_variants: int
 
 
 def variants_from_parquet(spec: Spec, path: str | os.PathLike[str]) -> list[tuple[str, Spec]]:
-    """Variants from the candidate table ``promptdistill distill`` writes (winner first).
-
-    Only rows that were evaluated (``dev_mean`` present) are used.
-    """
-    import pandas as pd
-
+    """The finalists from the candidate table ``DistillResult.write`` leaves (shortest first)."""
     df = pd.read_parquet(path)
-    df = df[df["dev_mean"].notna() & (df["origin"] != "baseline")]
-    df = df.sort_values(["winner", "rung", "dev_mean", "candidate_id"], ascending=[False, False, False, True])
-    out = []
-    for row in df.itertuples():
-        constraints = tuple(json.loads(row.constraints)) if isinstance(row.constraints, str) else ()
-        out.append((str(row.candidate_id), spec.with_changes(instruction=row.instruction, constraints=constraints)))
-    return out
+    df = df[df["finalist"]].sort_values(["instruction_tokens", "candidate_id"])
+    return [(str(row.candidate_id), spec.with_changes(instruction=row.instruction,
+                                                      constraints=tuple(json.loads(row.constraints))))
+            for row in df.itertuples()]

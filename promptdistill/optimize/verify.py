@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from promptdistill.engine.base import Engine, GenerationRequest
-from promptdistill.features import prompt_features
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
 from promptdistill.optimize.select import expected_ttft
-from promptdistill.render import render_messages
-from promptdistill.specs import Spec, spec_messages
+from promptdistill.specs.model import Spec
+from promptdistill.specs.prompt import spec_messages
+from promptdistill.specs.render import render_messages
+from promptdistill.ttft.features import prompt_features
 
 __all__ = ["check_rendering", "measure_ttft", "timing_summary"]
 

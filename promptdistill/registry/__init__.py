@@ -6,7 +6,7 @@ pipeline writes it through ``Registry``. See ``store`` for the layout and
 """
 
 from promptdistill.registry.backend import StoreUnavailableError
-from promptdistill.registry.hashing import canonical_json, content_hash
+from promptdistill.registry.hashing import content_hash
 from promptdistill.registry.records import ArtifactRecord, LabelEvent, VersionRecord, parse_ref
 from promptdistill.registry.store import Registry, code_provenance, default_actor
 
@@ -16,7 +16,6 @@ __all__ = [
     "Registry",
     "StoreUnavailableError",
     "VersionRecord",
-    "canonical_json",
     "code_provenance",
     "content_hash",
     "default_actor",

@@ -27,7 +27,7 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any, Mapping
 
-from promptdistill.errors import PromptDistillError, RegistryError
+from promptdistill.core.errors import PromptDistillError, RegistryError
 
 __all__ = ["Backend", "LocalBackend", "FsspecBackend", "StoreUnavailableError", "open_backend"]
 

@@ -26,7 +26,7 @@ import re
 from datetime import datetime, timezone
 from typing import Callable
 
-from promptdistill.errors import RegistryError, TemplateNotFoundError
+from promptdistill.core.errors import RegistryError, TemplateNotFoundError
 from promptdistill.registry.backend import Backend, StoreUnavailableError
 from promptdistill.registry.records import LabelEvent
 

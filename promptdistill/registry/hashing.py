@@ -9,22 +9,13 @@ hashed, so what is hashed at publish time is exactly what a reader parses back
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 from typing import Any
 
-from promptdistill.errors import RegistryError
+from promptdistill.core.errors import RegistryError
+from promptdistill.core.jsonio import NotJSONError, canonical_json
+from promptdistill.core.jsonio import to_json_value as core_to_json_value
 
-__all__ = ["canonical_json", "content_hash", "sha256_hex", "to_json_value"]
-
-
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no whitespace: the stable input of every hash.
-
-    Raises:
-        ValueError: the value holds NaN or infinity (not JSON).
-    """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+__all__ = ["content_hash", "sha256_hex", "to_json_value"]
 
 
 def sha256_hex(data: bytes | str) -> str:
@@ -39,34 +30,13 @@ def content_hash(content: Any) -> str:
     return sha256_hex(canonical_json(content))
 
 
-def _plain(value: Any, where: str) -> Any:
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise RegistryError(f"{where}: {value!r} is not JSON; store None for a missing number")
-        return value
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise RegistryError(f"{where}: key {k!r} is not a string")
-            out[k] = _plain(v, f"{where}.{k}")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    # numpy / pandas scalars and arrays, without importing them.
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
-        return _plain(value.item(), where)
-    if hasattr(value, "tolist") and callable(value.tolist):
-        return _plain(value.tolist(), where)
-    raise RegistryError(f"{where}: a {type(value).__name__} is not JSON (use str, number, bool, None, list or dict)")
-
-
 def to_json_value(value: Any, where: str = "value") -> Any:
-    """A plain-JSON copy of ``value``: dicts with str keys, lists, str, int, float, bool, None.
+    """A plain-JSON copy of ``value`` (see :func:`promptdistill.core.jsonio.to_json_value`).
 
     Raises:
         RegistryError: naming the field (``where.key[0]``) that is not JSON.
     """
-    return _plain(value, where)
+    try:
+        return core_to_json_value(value, where)
+    except NotJSONError as e:
+        raise RegistryError(str(e)) from None

@@ -23,9 +23,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from promptdistill.errors import IntegrityError, RegistryError
-from promptdistill.registry.hashing import canonical_json, content_hash, sha256_hex
-from promptdistill.render import TemplateSyntaxError, check_template
+import jsonschema
+
+from promptdistill.core.errors import IntegrityError, RegistryError
+from promptdistill.core.jsonio import canonical_json
+from promptdistill.registry.hashing import content_hash, sha256_hex
+from promptdistill.specs.render import TemplateSyntaxError, check_template
 
 __all__ = [
     "ArtifactRecord",
@@ -129,8 +132,6 @@ def check_content(content: Any, where: str = "content") -> None:
     if schema is not None:
         if not isinstance(schema, Mapping):
             raise RegistryError(f"{where}.output_schema: must be a JSON Schema object or None")
-        import jsonschema
-
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as e:

@@ -30,7 +30,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from promptdistill.errors import IntegrityError, RegistryError, TemplateNotFoundError
+from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
 from promptdistill.registry.backend import Backend, open_backend
 from promptdistill.registry.collection import Collection, label_stack, utc_now
 from promptdistill.registry.hashing import content_hash, sha256_hex, to_json_value

@@ -1,17 +1,18 @@
 """TTFT: profile the engine, fit models that predict time to first token, report.
 
+* :mod:`~promptdistill.ttft.features`: token features of a prompt (served tokenizer);
 * :mod:`~promptdistill.ttft.design`: which prompts to measure, built from specs and data;
 * :mod:`~promptdistill.ttft.profile`: measuring them on the real engine, to Parquet;
 * :mod:`~promptdistill.ttft.estimators` and :mod:`~promptdistill.ttft.fit`: the
   regressors and model selection by grouped cross-validation;
-* :mod:`~promptdistill.ttft.model`: ``TTFTModel``, the persisted, engine-stamped predictor;
+* :mod:`~promptdistill.ttft.model`: ``TTFTModel``, the engine-stamped predictor (stored in
+  the registry by :mod:`promptdistill.pipeline.ttft_models`);
 * :mod:`~promptdistill.ttft.analysis` and :mod:`~promptdistill.ttft.report`: coefficients
   with bootstrap intervals, the density question, the few-shot table, figures.
 
 Example:
-    >>> from promptdistill.ttft import TTFTModel
-    >>> model = TTFTModel.load("artifacts/ttft/models", engine_identity=engine.identity)  # doctest: +SKIP
-    >>> model.predict(features)                                                        # doctest: +SKIP
+    >>> model = load_ttft_model(Registry("artifacts/registry"), engine.identity)  # doctest: +SKIP
+    >>> model.predict(features, engine_identity=engine.identity)                # doctest: +SKIP
 """
 
 from promptdistill.ttft.estimators import MODEL_FEATURES, MonomialRegressor

@@ -30,10 +30,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import qmc
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-from promptdistill.engine.base import canonical_json
-from promptdistill.features import FILLER_WORDS, features_from_messages, prompt_features, static_prefix_chars
-from promptdistill.render import placeholders, render_messages
+from promptdistill.core.errors import SpecError
+from promptdistill.core.jsonio import canonical_json
+from promptdistill.specs.datasets import dataset_for, records
+from promptdistill.specs.load import load_specs
+from promptdistill.specs.prompt import format_example, select_examples, spec_messages
+from promptdistill.specs.render import placeholders, render_messages
+from promptdistill.specs.text import FILLER_WORDS
+from promptdistill.ttft.features import features_from_messages, prompt_features, static_prefix_chars
 
 __all__ = [
     "BuiltPrompt",
@@ -114,10 +120,6 @@ def load_corpus(prompts_dir: str = "prompts") -> Corpus:
     Raises:
         SpecError: a spec or dataset is invalid, or there is none.
     """
-    from promptdistill.datasets import dataset_for, records
-    from promptdistill.errors import SpecError
-    from promptdistill.specs import load_specs
-
     specs = load_specs(prompts_dir)
     if not specs:
         raise SpecError(f"{prompts_dir}/: no *.yaml specs to build profiling prompts from")
@@ -140,8 +142,6 @@ def densify(text: str, knob: float, seed: int = 0) -> str:
     Each stop word is dropped with probability ``knob``; each sentence gets a filler
     phrase in front with probability ``0.6 * (1 - knob)``. Deterministic for a seed.
     """
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
     stop = ENGLISH_STOP_WORDS | FILLER_WORDS
     rng = random.Random(seed)
     out: list[str] = []
@@ -195,8 +195,6 @@ def _finish(point: DesignPoint, messages: list[dict[str, str]], features: Mappin
 
 def build_prompt(point: DesignPoint, corpus: Corpus, tokenizer: Any) -> BuiltPrompt:
     """Make a design point concrete. ``tokenizer`` is the engine (or an HFTokenizer)."""
-    from promptdistill.specs import format_example, select_examples, spec_messages
-
     spec = next(s for s in corpus.specs if s.name == point.spec)
     held = corpus.held[spec.name]
     if point.design == "spec":

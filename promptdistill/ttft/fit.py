@@ -13,7 +13,7 @@ optimizer relies on "fewer tokens is never predicted slower".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,10 +22,8 @@ from sklearn.metrics import mean_absolute_percentage_error, r2_score
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 from threadpoolctl import threadpool_limits
 
+from promptdistill.engine.base import EngineIdentity
 from promptdistill.ttft.estimators import MODEL_FEATURES, candidate_estimators
-
-if TYPE_CHECKING:
-    from promptdistill.engine.base import EngineIdentity
 
 __all__ = [
     "FitResult",
@@ -263,10 +261,8 @@ def engine_rows(df: pd.DataFrame, engine_key: str | None = None, *, where: str =
     return df[df["engine_key"] == engine_key].reset_index(drop=True)
 
 
-def identity_of(df: pd.DataFrame) -> "EngineIdentity":
+def identity_of(df: pd.DataFrame) -> EngineIdentity:
     """The engine identity stamped on profile rows (they must all share it)."""
-    from promptdistill.engine.base import EngineIdentity
-
     rows = engine_rows(df)
     values = {k: rows[f"engine_{k}"].iloc[0] for k in EngineIdentity.__dataclass_fields__}
     return EngineIdentity.from_dict({k: v.item() if hasattr(v, "item") else v for k, v in values.items()})

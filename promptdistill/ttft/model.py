@@ -7,8 +7,9 @@ Persistence never executes code on load:
 * the tree ensemble is ``estimator.skops`` (skops' safe format, loaded with an explicit
   allowlist of types) next to ``model.json``, whose sha256 the JSON records.
 
-No pickle, no joblib. ``to_files()``/``from_files()`` give the same artifact as a
-``{filename: bytes}`` dict for generic artifact stores.
+No pickle, no joblib. ``to_files()``/``from_files()`` give the artifact as a
+``{filename: bytes}`` dict: the registry stores it (``ttft-model/<engine key>``, see
+:mod:`promptdistill.pipeline.ttft_models`), the one place models live.
 
 A model answers for one engine identity (model, backend, dtype, context length,
 hardware, engine version). ``predict(..., engine_identity=other)`` raises
@@ -20,22 +21,21 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
+import skops.io as sio
 from threadpoolctl import threadpool_limits
 
-from promptdistill.engine.base import EngineIdentity, canonical_json
-from promptdistill.errors import IntegrityError, ModelIdentityError
+from promptdistill.core.errors import IntegrityError, ModelIdentityError
+from promptdistill.core.jsonio import canonical_json, json_safe
+from promptdistill.engine.base import EngineIdentity
 from promptdistill.ttft.estimators import MODEL_FEATURES, MonomialRegressor
+from promptdistill.ttft.fit import identity_of
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "TTFTModel", "feature_row"]
 
@@ -43,7 +43,6 @@ FORMAT = "promptdistill.ttft-model"
 FORMAT_VERSION = 1
 _JSON = "model.json"
 _SKOPS = "estimator.skops"
-_LATEST = "LATEST"
 
 # Types skops does not trust by default that a stored tree ensemble may contain; any
 # other untrusted type in an estimator file is refused before loading.
@@ -85,7 +84,7 @@ class TTFTModel:
     """A fitted estimator plus what it was fitted on and how well it predicts.
 
     Example:
-        >>> model = TTFTModel.load("artifacts/ttft/models")            # doctest: +SKIP
+        >>> model = load_ttft_model(Registry("artifacts/registry"), engine.identity)  # doctest: +SKIP
         >>> model.predict({"uncached_tokens": 400, "cached_tokens": 0, "fewshot_count": 2,
         ...                "semantic_density": 0.5, "entropy_bits": 9.1},
         ...               engine_identity=engine.identity)              # doctest: +SKIP
@@ -109,8 +108,6 @@ class TTFTModel:
     @classmethod
     def from_fit(cls, fit: Any, df: pd.DataFrame, *, sources: Iterable[str] = ()) -> "TTFTModel":
         """Wrap a ``fit_models`` result, stamped with the identity of the rows it was fitted on."""
-        from promptdistill.ttft.fit import identity_of
-
         rows = df  # every profiled row: ranges and the cache block describe what was measured
         cached = rows.loc[rows["cached_tokens"] > 0, "cached_tokens"].astype(int) if "cached_tokens" in rows else []
         training = {
@@ -132,10 +129,19 @@ class TTFTModel:
             training=training,
         )
 
+    @property
+    def relative_error(self) -> float:
+        """The held-out mean absolute percentage error of the chosen model (0.1 is 10%).
+
+        Two predictions closer than this share of the larger one are not told apart.
+        """
+        heldout = (self.metrics.get("heldout") or {}).get(self.name) or {}
+        return float(heldout.get("mape", 0.1))
+
     def cache_features(self, features: Mapping[str, Any], *, warm: bool) -> dict[str, Any]:
         """``features`` with ``cached_tokens``/``uncached_tokens`` set for a cold or warm cache.
 
-        Warm: the static prefix (``static_prefix_tokens``, from ``promptdistill.features``)
+        Warm: the static prefix (``static_prefix_tokens``, from ``promptdistill.ttft.features``)
         is in the cache, rounded down to whole cache blocks of the size seen while
         profiling (no rounding if no warm rows were profiled).
         """
@@ -223,8 +229,6 @@ class TTFTModel:
     def _skops_bytes(self) -> bytes:
         # skops archives carry timestamps: dump once so the hash and version stay stable.
         if self._blob is None:
-            import skops.io as sio
-
             self._blob = sio.dumps(self.estimator)
         return self._blob
 
@@ -252,7 +256,7 @@ class TTFTModel:
         else:
             raise ValueError(f"unknown model kind {self.kind!r}")
         meta["version"] = self.version
-        files[_JSON] = (json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+        files[_JSON] = (json.dumps(json_safe(meta), indent=2, sort_keys=True) + "\n").encode()
         return files
 
     @classmethod
@@ -303,57 +307,8 @@ class TTFTModel:
             raise IntegrityError(f"{source}/{_JSON}: version {meta.get('version')!r} does not match its content")
         return model
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the artifact into the folder ``path`` atomically (temp folder, rename)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            for name, blob in self.to_files().items():
-                (tmp / name).write_bytes(blob)
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return target
-
-    def save_versioned(self, root: str | os.PathLike[str]) -> Path:
-        """Save into ``root/<version>/`` and point ``root/LATEST`` at it."""
-        root = Path(root)
-        path = self.save(root / self.version)
-        pointer = root / f".{_LATEST}.tmp"
-        pointer.write_text(self.version + "\n")
-        os.replace(pointer, root / _LATEST)
-        return path
-
-    @classmethod
-    def load(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        engine_identity: EngineIdentity | None = None,
-        allow_other_engine: bool = False,
-    ) -> "TTFTModel":
-        """Load from a model folder, or from a root with a ``LATEST`` pointer.
-
-        With ``engine_identity``, refuse (or warn about) a model fitted on another engine.
-        """
-        folder = Path(path)
-        if (folder / _LATEST).is_file() and not (folder / _JSON).is_file():
-            folder = folder / (folder / _LATEST).read_text().strip()
-        if not (folder / _JSON).is_file():
-            raise IntegrityError(f"{folder}: no TTFT model here (expected {_JSON} or a {_LATEST} pointer)")
-        files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name in (_JSON, _SKOPS)}
-        model = cls.from_files(files, source=str(folder))
-        model.check_engine(engine_identity, allow_other_engine=allow_other_engine)
-        return model
-
 
 def _load_skops(files: Mapping[str, bytes], ref: Mapping[str, Any], source: str) -> tuple[Any, bytes]:
-    import skops.io as sio
-
     name = ref.get("file", _SKOPS)
     if name not in files:
         raise IntegrityError(f"{source}: {name} is missing")
@@ -365,15 +320,3 @@ def _load_skops(files: Mapping[str, bytes], ref: Mapping[str, Any], source: str)
     if refused:
         raise IntegrityError(f"{source}/{name}: refusing to load types outside the allowlist: {refused}")
     return sio.load(io.BytesIO(blob), trusted=list(untrusted)), blob
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

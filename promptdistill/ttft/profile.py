@@ -43,10 +43,20 @@ from statistics import median
 from typing import Any, Callable, Sequence
 
 import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from promptdistill.core.errors import EngineError
 from promptdistill.engine.base import Engine, GenerationRequest
-from promptdistill.errors import EngineError
-from promptdistill.ttft.design import BuiltPrompt, build_prompt, design_points, load_corpus, summarize_points, with_nonce
+from promptdistill.specs.prompt import format_example
+from promptdistill.ttft.design import (
+    BuiltPrompt,
+    build_prompt,
+    design_points,
+    load_corpus,
+    summarize_points,
+    with_nonce,
+)
 
 __all__ = [
     "ProfileConfig",
@@ -135,8 +145,6 @@ def plan_prompts(engine: Engine, config: ProfileConfig) -> list[BuiltPrompt]:
     max_tokens = min(config.max_tokens or limit, limit)
     # The few-shot probe needs examples of at least ~64 tokens: take the spec whose
     # examples are longest.
-    from promptdistill.specs import format_example
-
     def example_tokens(spec: Any) -> float:
         lengths = [len(engine.tokenize(format_example(spec, r))) for r in corpus.train[spec.name][:10]]
         return median(lengths) if lengths else 0.0
@@ -366,9 +374,6 @@ class _Bar:
         self._progress = None
         if not enabled:
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         console = Console(file=sys.stderr)
         console.print(
             f"TTFT profile: {summary['prompts']} prompts, {total} measurements planned, "

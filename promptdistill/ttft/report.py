@@ -241,7 +241,7 @@ Chosen model: **{fit.chosen}**. Held-out MAPE **{h['mape']:.1%}** (target 10%, g
 - Standardised beta: {dens['std_beta']:+.3f}, against the claimed +{CLAIMED_DENSITY_BETA}.
 - "Steep above {DENSITY_HINGE}": the extra slope above {DENSITY_HINGE} is {dens['hinge_coef_ms_per_unit']:+.1f} ms per unit, CI [{dens['hinge_ci'][0]:+.1f}, {dens['hinge_ci'][1]:+.1f}] ({dens['rows_above_hinge']} measurements above {DENSITY_HINGE}).
 
-Density is measured by `promptdistill.features.semantic_density` on the instruction text. The coefficient is read from the linear model, which holds uncached tokens (and their square), cached tokens, few-shot count and entropy fixed while density varies; the figure plots what the token terms alone leave unexplained against density.
+Density is measured by `promptdistill.ttft.features.semantic_density` on the instruction text. The coefficient is read from the linear model, which holds uncached tokens (and their square), cached tokens, few-shot count and entropy fixed while density varies; the figure plots what the token terms alone leave unexplained against density.
 
 ![density partial residuals]({figures['density_partial']})
 

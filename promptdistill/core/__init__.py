@@ -1,0 +1,1 @@
+"""What every stage shares: errors, configuration, JSON and files, statistics, process defaults."""

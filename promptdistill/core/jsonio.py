@@ -1,0 +1,115 @@
+"""JSON and files: one canonical JSON, one sanitiser, one atomic write (stdlib only).
+
+* :func:`canonical_json`: sorted keys, no whitespace, UTF-8, no NaN or infinity: the
+  stable input of every hash (request cache keys, spec hashes, content hashes);
+* :func:`to_json_value`: a plain-JSON copy of a value (numpy scalars and arrays, tuples,
+  datetimes, paths converted); NaN/infinity raise, or become None with
+  ``nan_to_none=True`` (an undefined score on a tiny fold is a missing figure, not an error);
+* :func:`atomic_write`: a temporary file in the target's folder, then a rename, so a
+  reader never sees half a file and a crash leaves the old one.
+
+Kept free of heavy imports: the registry client uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import date, datetime
+from pathlib import Path, PurePath
+from typing import Any, Callable
+
+__all__ = ["NotJSONError", "atomic_write", "canonical_json", "json_safe", "to_json_value", "write_json"]
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: the stable input of every hash.
+
+    Raises:
+        ValueError: the value holds NaN or infinity (not JSON).
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class NotJSONError(ValueError):
+    """A value that has no JSON form; the message names the field (``where.key[0]``)."""
+
+
+def _plain(value: Any, where: str, nan_to_none: bool) -> Any:
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        if nan_to_none:
+            return None
+        raise NotJSONError(f"{where}: {value!r} is not JSON; store None for a missing number")
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise NotJSONError(f"{where}: key {k!r} is not a string")
+            out[k] = _plain(v, f"{where}.{k}", nan_to_none)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]", nan_to_none) for i, v in enumerate(value)]
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, PurePath):
+        return str(value)
+    # numpy / pandas scalars and arrays, without importing them.
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        return _plain(value.item(), where, nan_to_none)
+    if hasattr(value, "tolist") and callable(value.tolist):
+        return _plain(value.tolist(), where, nan_to_none)
+    if hasattr(value, "isoformat") and callable(value.isoformat):  # pandas.Timestamp
+        return value.isoformat()
+    raise NotJSONError(f"{where}: a {type(value).__name__} is not JSON (use str, number, bool, None, list or dict)")
+
+
+def to_json_value(value: Any, where: str = "value", *, nan_to_none: bool = False) -> Any:
+    """A plain-JSON copy of ``value``: dicts with str keys, lists, str, int, float, bool, None.
+
+    Raises:
+        NotJSONError (a ValueError): naming the field that is not JSON.
+    """
+    return _plain(value, where, nan_to_none)
+
+
+def json_safe(value: Any) -> Any:
+    """``to_json_value`` with NaN and infinity as None: figures that may be undefined."""
+    return _plain(value, "value", True)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[str], None]) -> Path:
+    """Write ``path`` atomically: a temporary file in the same folder, then a rename.
+
+    Args:
+        path: the target; its folder is created if missing.
+        data: bytes, text (UTF-8), or a function that writes the temporary path it is given
+            (``frame.to_parquet``, ``fig.savefig``...).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        if callable(data):
+            os.close(fd)
+            data(tmp)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike[str], value: Any, *, nan_to_none: bool = True) -> Path:
+    """``value`` as indented JSON (keys in their order), written atomically."""
+    text = json.dumps(to_json_value(value, str(path), nan_to_none=nan_to_none), indent=2, ensure_ascii=False,
+                      allow_nan=False)
+    return atomic_write(path, text + "\n")

@@ -1,0 +1,374 @@
+"""The instruction distillation loop: prune and rewrite an instruction, keep what the task needs.
+
+``distill(engine, spec)`` runs, for each round (from the best screened candidate so far):
+
+1. split the instruction and constraints into clauses; protected ones (placeholders,
+   output-format rules) are never touched (:mod:`promptdistill.distill.clauses`);
+2. score each unprotected clause twice: the ``clause_necessity`` judge, and ablation
+   (drop the clause, measure the change in mean score on the screen records);
+3. build candidates: prune at several thresholds (judge, ablation, combined), rewrite
+   kept clauses with ``distill_rewrite`` at several target lengths, plus any proposals
+   given in the config (e.g. from a DSPy optimizer);
+4. screen them on the screen records (:func:`promptdistill.search.racing.screen`); the
+   best plausible shorter one is the next round's starting point.
+
+Then the finalists (the best screened candidates of every round) race the original on
+the certify records (:func:`promptdistill.search.racing.race`): a finalist wins only when
+it is certified non-inferior (anytime-valid bound, error rate ``alpha`` over the
+finalists); the shortest certified one is the winner, else the original is kept.
+Finally the original and the winner are evaluated on held-out test records.
+
+No step starts that could overrun the budget (LM calls, minutes). Every LM request
+(generation, judges, repairs) is counted; everything is recorded in a ``DistillResult``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from promptdistill.distill.candidates import ClauseScore, DistillCandidate, agreement_rate, prune_keep_sets
+from promptdistill.distill.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
+from promptdistill.distill.result import DistillResult, clause_rows
+from promptdistill.engine.base import Engine
+from promptdistill.engine.meter import CallMeter
+from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
+from promptdistill.judges.calibration import equivalence_agreement
+from promptdistill.judges.runner import JudgeRunner
+from promptdistill.search.budget import Budget
+from promptdistill.search.racing import Candidate, RaceSettings, paired_mean, race, screen, select
+from promptdistill.search.sequential import plan_records
+from promptdistill.search.splits import Splits, split_records
+from promptdistill.specs.model import Spec
+from promptdistill.specs.prompt import select_examples
+from promptdistill.specs.render import render_text
+from promptdistill.specs.text import semantic_density
+
+__all__ = ["DistillConfig", "distill"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Every knob of the loop. The defaults fit a few minutes with SmolLM2-135M on an idle
+    2-core CPU; on a busy machine the time budget cuts the search short."""
+
+    seed: int = 0
+    """Shuffles the dev/test records and seeds every request: same seed, same result."""
+    screen_size: int = 16
+    """Dev records for ablation and screening (never used to certify)."""
+    dev_size: int = 400
+    """Dev records in all: the screen records, then the race's certify pool."""
+    test_size: int = 200
+    """Held-out test records for the final check."""
+    thresholds: tuple[float, ...] = (0.5, 0.75)
+    """Necessity thresholds for pruning (judge and combined scores are in [0, 1])."""
+    target_ratios: tuple[float, ...] = (0.5, 0.3)
+    """Rewrite targets: share of the unprotected clauses' words to aim for."""
+    max_rounds: int = 2
+    max_lm_calls: int = 1500
+    """The budget: LM requests (generation + judges + repairs), test included."""
+    max_minutes: float = 10.0
+    """The time budget: a step starts only if it is projected to end in time."""
+    max_quality_drop: float | None = None
+    """Largest allowed drop of the mean score; None takes the spec's ``slo.max_quality_drop``."""
+    alpha: float = 0.1
+    """Chance of certifying any finalist that is worse than the allowed drop."""
+    finalists: int = 3
+    """Candidates raced on the certify records (alpha is split among them)."""
+    first_look: int = 50
+    """Certify records of the race's first look (then doubling)."""
+    ablation: bool = True
+    rewrite: bool = True
+    proposals: tuple[str, ...] = ()
+    """Extra instructions to consider in round 1 (e.g. from MIPROv2 or GEPA)."""
+    calibrate: bool = True
+    """On programmatic metrics, measure answer_equivalence's agreement with the metric."""
+    judge_examples: int = 3
+    """(input, expected) pairs shown to the clause_necessity judge."""
+
+    def __post_init__(self) -> None:
+        for name in ("screen_size", "dev_size", "max_rounds", "max_lm_calls", "finalists", "first_look"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.test_size < 0:
+            raise ValueError(f"test_size must be at least 0, got {self.test_size}.")
+        if self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be positive, got {self.max_minutes}.")
+        if any(not 0 <= t <= 1 for t in self.thresholds):
+            raise ValueError(f"thresholds must be in [0, 1], got {self.thresholds}.")
+        if any(not 0 < r < 1 for r in self.target_ratios):
+            raise ValueError(f"target_ratios must be in (0, 1), got {self.target_ratios}.")
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}.")
+
+
+def _exact(a: Candidate, b: Candidate) -> float:
+    """Instruction tokens are counted, not predicted: any difference is a difference."""
+    return 0.0
+
+
+class _Run:
+    """The state of one distillation run."""
+
+    def __init__(self, engine: Engine, spec: Spec, config: DistillConfig, splits: Splits, examples: list,
+                 judge_engine: Engine | None = None):
+        self.spec, self.config, self.splits, self.examples = spec, config, splits, examples
+        self.meter = CallMeter(engine)
+        judge_lm = self.meter if judge_engine is None else CallMeter(judge_engine)
+        self.runner = JudgeRunner(judge_lm, seed=config.seed)
+        self.max_drop = spec.slo.max_quality_drop if config.max_quality_drop is None else config.max_quality_drop
+        self.settings = RaceSettings(margin=self.max_drop, alpha=config.alpha, finalists=config.finalists,
+                                     first_look=config.first_look)
+        self.per_record = judge_cost(spec, 1)
+        test_calls = 2 * judge_cost(spec, len(splits.test))
+        self.budget = Budget(self.meter, max_calls=config.max_lm_calls, max_minutes=config.max_minutes,
+                             reserved_calls=test_calls)
+        self.candidates: list[DistillCandidate] = []
+        self.clause_scores: list[tuple[int, ClauseScore, bool]] = []
+
+    # -- helpers --------------------------------------------------------------------------
+    def candidate(self, cid: str, origin: str, rnd: int, spec: Spec, parent: DistillCandidate | None,
+                  kept: Sequence[str] = ()) -> DistillCandidate:
+        text = spec.instruction_text()
+        return DistillCandidate(id=cid, spec=spec, examples=self.examples, cost=len(self.meter.tokenize(text)),
+                                static_tokens=len(self.meter.tokenize(text)), origin=origin, round=rnd,
+                                parent=parent.id if parent else None, kept=tuple(kept), density=semantic_density(text))
+
+    def evaluate(self, cands: list[Candidate], records: Sequence[Mapping]) -> list[EvalReport]:
+        items = [EvalItem(c.spec, records, self.examples) for c in cands]
+        return evaluate_many(self.meter, items, judge_runner=self.runner, seed=self.config.seed)
+
+    # -- steps ----------------------------------------------------------------------------
+    def score_clauses(self, base: DistillCandidate, clauses: tuple[Clause, ...]) -> list[ClauseScore]:
+        prunable = [c for c in clauses if not c.protected]
+        records = self.splits.screen
+        log.info("scoring %d clauses (%d protected): judge, then ablation on %d records",
+                 len(prunable), len(clauses) - len(prunable), len(records))
+        judged: dict[str, Any] = {}
+        if prunable and self.budget.afford(2 * len(prunable), "clause_necessity judge calls"):
+            shown = "\n".join(
+                f"Input: {render_text(base.spec.user, r['inputs'])}\nExpected: {_text(r['expected'])}"
+                for r in records[: self.config.judge_examples]
+            )
+            items = [{"task": base.spec.description, "instruction": mark_clause(base.spec, c, clauses=clauses),
+                      "clause": c.text, "examples": shown} for c in prunable]
+            judged = dict(zip((c.id for c in prunable), self.runner.run("clause_necessity", items)))
+        deltas: dict[str, float | None] = {}
+        n_ablate = self.budget.affordable(len(prunable), self.per_record * len(records), "ablations") \
+            if self.config.ablation and prunable else 0
+        if n_ablate:
+            ablated = [Candidate(f"ablate-{c.id}", apply_clauses(base.spec, [x.id for x in clauses if x.id != c.id],
+                                                                  all_clauses=clauses))
+                       for c in prunable[:n_ablate]]
+            reports = self.evaluate(ablated, records)
+            for c, report in zip(prunable, reports):
+                deltas[c.id] = paired_mean(report, base.screen)
+        scores = []
+        for c in clauses:
+            v = judged.get(c.id)
+            scores.append(ClauseScore(
+                c, judge_score=v.value["score"] if v is not None and v.valid else None,
+                judge_reason=v.value["reason"] if v is not None and v.valid else None,
+                judge_error=v.error if v is not None else None, ablation_delta=deltas.get(c.id)))
+        return scores
+
+    def build_candidates(self, base: DistillCandidate, rnd: int, clauses: tuple[Clause, ...],
+                         scores: list[ClauseScore]) -> list[DistillCandidate]:
+        out: list[DistillCandidate] = []
+        keep_sets = prune_keep_sets(scores, self.config.thresholds)
+        for rule, keep in keep_sets.items():
+            spec = apply_clauses(base.spec, keep, all_clauses=clauses)
+            out.append(self.candidate(f"r{rnd}-prune-{rule}", f"prune:{rule}", rnd, spec, base, keep))
+        if self.config.rewrite:
+            out += self.rewrites(base, rnd, clauses, scores, keep_sets)
+        if rnd == 1:
+            protected = [c for c in clauses if c.protected]
+            for n, text in enumerate(self.config.proposals):
+                spec = _with_protected(base.spec, text, protected)
+                out.append(self.candidate(f"r{rnd}-proposal-{n}", "proposal", rnd, spec, base))
+        unique, seen = [], {c.text for c in self.candidates}
+        for cand in out:
+            # A candidate longer than its parent can never win (selection wants fewer tokens).
+            if cand.text not in seen and cand.instruction_tokens <= base.instruction_tokens:
+                seen.add(cand.text)
+                unique.append(cand)
+        return unique
+
+    def rewrites(self, base: DistillCandidate, rnd: int, clauses: tuple[Clause, ...], scores: list[ClauseScore],
+                 keep_sets: dict[str, tuple[str, ...]]) -> list[DistillCandidate]:
+        by_id = {s.clause.id: s for s in scores}
+        sources = {"all": tuple(c.id for c in clauses)}
+        for rule in ("combined@0.50", "judge@0.50", "ablation"):
+            if rule in keep_sets:
+                sources[rule] = keep_sets[rule]
+                break
+        jobs, items = [], []
+        for rule, keep in sources.items():
+            kept = [c for c in clauses if c.id in keep and not c.protected]
+            if not kept:
+                continue
+            words = sum(len(c.text.split()) for c in kept)
+            lines = "\n".join(f"- {'NECESSARY: ' if (by_id[c.id].combined or 0) >= 0.75 else ''}{c.text}" for c in kept)
+            for ratio in self.config.target_ratios:
+                jobs.append((rule, ratio, keep, words))
+                items.append({"task": base.spec.description, "clauses": lines,
+                              "target_words": str(max(5, round(words * ratio)))})
+        if not items or not self.budget.afford(2 * len(items), "distill_rewrite calls"):
+            return []
+        # About 1.5 tokens per word plus the JSON around it; a cut-off reply is repaired with twice as many.
+        limit = min(self.runner.definition("distill_rewrite").max_tokens,
+                    max(2 * int(item["target_words"]) for item in items) + 24)
+        verdicts = self.runner.run("distill_rewrite", items, max_tokens=limit, check=_rewrite_check)
+        protected = [c for c in clauses if c.protected]
+        out = []
+        for (rule, ratio, keep, words), v in zip(jobs, verdicts):
+            if not v.valid or len(v.value["instruction"].split()) >= words:
+                continue  # recorded in the judge stats; a rewrite that is not shorter is no candidate
+            spec = _with_protected(base.spec, v.value["instruction"].strip(), protected)
+            out.append(self.candidate(f"r{rnd}-rewrite-{rule}@{ratio:.2f}", f"rewrite:{rule}@{ratio:.2f}", rnd, spec,
+                                      base, keep))
+        return out
+
+    def screen(self, cands: Sequence[DistillCandidate], keep: int | None = None) -> list[Candidate]:
+        return screen(self.original, cands, self.splits.screen, self.evaluate, budget=self.budget,
+                      settings=self.settings, resolution=_exact, calls_per_record=self.per_record, keep=keep)
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> DistillResult:
+        start = time.monotonic()
+        self.original = self.candidate("r0-baseline", "baseline", 0, self.spec, None)
+        self.candidates.append(self.original)
+        # The clock starts after the first candidate: its density imports scikit-learn and
+        # the tokenizer warms up, which is not search time (seconds on a busy machine).
+        self.budget.restart_clock()
+        stop, rounds, best = "no improvement", 0, self.original
+        self.screen([])
+        if self.original.screen is None:
+            stop = self.budget.reason or "budget: the baseline could not be screened"
+        else:
+            log.info("baseline: mean %s on %d screen records", _fmt(self.original.screen.mean), self.original.screen.n)
+            for rnd in range(1, self.config.max_rounds + 1):
+                rounds = rnd
+                log.info("round %d from %s (%d instruction tokens)", rnd, best.id, best.instruction_tokens)
+                clauses = split_clauses(best.spec)
+                scores = self.score_clauses(best, clauses)
+                cands = self.build_candidates(best, rnd, clauses, scores)
+                self.candidates += cands
+                ranked = self.screen(cands, keep=len(cands))
+                step = next((c for c in ranked if c.cost < best.cost), None)
+                log.info("round %d: %d candidates, %d plausible; next: %s (%d LM calls so far)", rnd, len(cands),
+                         len(ranked), step.id if step else "none", self.meter.calls)
+                kept = set(step.kept) if step is not None else {c.id for c in clauses}
+                self.clause_scores += [(rnd, s, s.clause.protected or s.clause.id in kept) for s in scores]
+                if self.budget.reason:
+                    stop = self.budget.reason
+                    best = step or best
+                    break
+                if step is None:
+                    stop = "no shorter plausible candidate" if cands else "no candidates"
+                    break
+                best = step
+            else:
+                stop = f"max_rounds ({self.config.max_rounds}) reached"
+        finalists = self.screen(self.candidates[1:]) if self.original.screen is not None else []
+        plan = self.plan(finalists)
+        log.info("search stopped (%s) after %d LM calls; %s", stop, self.meter.calls, plan.sentence())
+        race(self.original, finalists, self.splits.certify, self.evaluate, budget=self.budget, settings=self.settings,
+             resolution=_exact, calls_per_record=self.per_record, log=log.info)
+        winner, reason = select(self.original, finalists, resolution=_exact)
+        search_calls = self.meter.calls
+        test_reports = self.held_out(winner)
+        calibration = self.calibrate()
+        return DistillResult(
+            spec_name=self.spec.name, seed=self.config.seed, config=self.config, original=self.original,
+            winner=winner, candidates=self.candidates, finalists=[c.id for c in finalists], reason=reason,
+            plan=plan, clause_rows=clause_rows(self.clause_scores), judge_stats=self.runner.stats_rows(),
+            agreement_rate=agreement_rate([s for _, s, _ in self.clause_scores]), calibration=calibration,
+            test=test_reports, rounds=rounds, stop_reason=stop, search_lm_calls=search_calls,
+            total_lm_calls=self.meter.calls, elapsed_s=time.monotonic() - start, max_quality_drop=self.max_drop,
+            splits=self.splits.sizes(),
+        )
+
+    def plan(self, finalists: Sequence[Candidate]) -> Any:
+        """What the certify pool can decide, from the finalists' discordance on the screen records."""
+        discordant = [abs(a - b) > 1e-9 for c in finalists for a, b in zip(c.screen.scores, self.original.screen.scores)
+                      if a is not None and b is not None]
+        share = sum(discordant) / len(discordant) if discordant else 0.2
+        return plan_records(len(self.splits.certify), discordance=share, margin=self.max_drop,
+                            alpha=self.config.alpha / max(1, len(finalists)))
+
+    def held_out(self, winner: Candidate) -> dict[str, EvalReport]:
+        """The original and the winner on the test records (calls reserved in the budget)."""
+        if not self.splits.test:
+            return {}
+        cands = [self.original] if winner is self.original else [self.original, winner]
+        reports = self.evaluate(cands, self.splits.test)
+        return {"original": reports[0], "winner": reports[-1]}
+
+    def calibrate(self) -> dict[str, Any] | None:
+        """answer_equivalence vs. the metric on the baseline's screen replies (programmatic metrics)."""
+        report = self.original.screen
+        if not self.config.calibrate or self.spec.metric.kind == "judge_rubric" or report is None:
+            return None
+        return equivalence_agreement(self.runner, self.spec, self.splits.screen, report.replies, report.scores)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _rewrite_check(value: Any) -> str | None:
+    """Why a schema-valid rewrite is still unusable (the runner then repairs it once)."""
+    text = value.get("instruction", "").strip() if isinstance(value, Mapping) else ""
+    if not text:
+        return "the instruction is empty"
+    if "{" in text or "}" in text:
+        return "the instruction must not contain curly braces"
+    if text[-1] not in ".!?)\"'":
+        return "the instruction stops mid-sentence"
+    sentences = [" ".join(s.lower().split()) for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 4]
+    if len(sentences) != len(set(sentences)):
+        return "the instruction repeats a sentence; say each rule once"
+    return None
+
+
+def _with_protected(spec: Spec, instruction: str, protected: Sequence[Clause]) -> Spec:
+    """``instruction`` plus every protected clause verbatim (instruction ones appended,
+    constraint ones as the constraints)."""
+    extra = join_clauses([c for c in protected if c.source == "instruction"])
+    text = instruction if not extra or extra in instruction else f"{instruction.rstrip()} {extra}"
+    return spec.with_changes(instruction=text, constraints=tuple(c.text for c in protected if c.source == "constraint"))
+
+
+def distill(engine: Engine, spec: Spec, *, config: DistillConfig = DistillConfig(), splits: Splits | None = None,
+            judge_engine: Engine | None = None) -> DistillResult:
+    """Distill ``spec``'s instruction on ``engine``; ``spec`` itself is not changed.
+
+    Args:
+        engine: the target model (wrap it in ``CachedEngine`` to make re-runs free).
+        spec: the spec whose instruction and constraints are distilled.
+        config: budgets, thresholds, sizes, the race's error rate.
+        splits: records to use instead of the spec's dataset split by ``config``.
+        judge_engine: where judge calls go (default: ``engine``).
+
+    Returns:
+        A ``DistillResult``; ``result.winner.spec`` is the distilled spec (the original when
+        no shorter candidate was certified non-inferior).
+    """
+    if splits is None:
+        splits = split_records(spec, seed=config.seed, screen_size=config.screen_size, dev_size=config.dev_size,
+                               test_size=config.test_size)
+    if not splits.screen:
+        raise ValueError("distill needs at least one dev record.")
+    examples = select_examples(spec, splits.train, seed=config.seed)
+    return _Run(engine, spec, config, splits, list(examples), judge_engine).run()

@@ -1,0 +1,258 @@
+"""The shared evaluator: run specs over records on the engine and score every reply.
+
+Used by the distiller and the optimizer alike, so both measure quality the same way:
+
+* rendering goes through ``spec_messages`` only (what is evaluated is what is published);
+* every generation of an evaluation goes to the engine as ONE ``generate`` batch
+  (``evaluate_many`` puts several items, each a spec with its examples and records,
+  into that one batch);
+* decoding is constrained to ``spec.output_schema`` when ``constrained`` (the default);
+* replies are scored with ``metrics.score_reply``; ``judge_rubric`` specs are scored by
+  the ``rubric_score`` judge, whose 1-5 score is mapped to [0, 1] as (score - 1) / 4;
+* with ``baseline_replies``, every reply is also compared with the baseline's reply by
+  ``answer_equivalence`` (both orders); 1 better, 0.5 as good, 0 worse.
+
+A reply the judge could not score (invalid twice) has score None and is left out of the
+mean; ``n_scored`` says how many counted. Nothing is filled in by default.
+
+Example:
+    >>> report = evaluate(engine, spec, splits.screen)       # doctest: +SKIP
+    >>> report.mean, report.valid_json_rate, report.lm_calls # doctest: +SKIP
+    (0.75, 1.0, 8)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from promptdistill.core.stats import mean_of
+from promptdistill.engine.base import Engine, GenerationRequest, validate_reply
+from promptdistill.judges.runner import JudgeRunner
+from promptdistill.specs.metrics import score_reply
+from promptdistill.specs.model import Spec
+from promptdistill.specs.prompt import spec_messages
+from promptdistill.specs.render import render_text
+
+__all__ = ["BATCH_TIMEOUT_S", "EvalItem", "EvalReport", "evaluate", "evaluate_many", "judge_cost"]
+
+BATCH_TIMEOUT_S = 3600.0
+"""Timeout of evaluation and judge requests. The engine bounds a whole batch by its
+longest request timeout, and a batch of a hundred requests on a busy 2-core CPU takes
+many minutes: the engine's 120 s default is a per-call bound, not a batch bound. Fixed
+(not scaled with the batch) so equal requests stay equal; budgets bound the run."""
+
+Record = Mapping[str, Any]
+
+
+@dataclass
+class EvalReport:
+    """One spec evaluated on a list of records; per-record lists are in record order."""
+
+    spec_name: str
+    record_ids: list[str]
+    scores: list[float | None]
+    replies: list[str]
+    valid: list[bool | None]
+    """Did each reply match the output schema? None when the spec has none."""
+    completion_tokens: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    """Did each reply stop at ``max_tokens``?"""
+    prompt_tokens: int = 0
+    generation_calls: int = 0
+    judge_calls: int = 0
+    """LM requests the judges made for this evaluation (repairs included)."""
+    equivalence: list[float | None] | None = None
+    """answer_equivalence against the baseline's replies (1/0.5/0), when asked for."""
+
+    @property
+    def n(self) -> int:
+        return len(self.record_ids)
+
+    @property
+    def mean(self) -> float | None:
+        """Mean score of the scored records (None when nothing was scored)."""
+        return mean_of(self.scores)
+
+    @property
+    def n_scored(self) -> int:
+        return sum(s is not None for s in self.scores)
+
+    @property
+    def valid_json_rate(self) -> float | None:
+        return mean_of([None if v is None else float(v) for v in self.valid])
+
+    @property
+    def equivalence_mean(self) -> float | None:
+        return None if self.equivalence is None else mean_of(self.equivalence)
+
+    @property
+    def lm_calls(self) -> int:
+        return self.generation_calls + self.judge_calls
+
+    def merged(self, other: "EvalReport") -> "EvalReport":
+        """This report followed by ``other`` (same spec, disjoint records)."""
+        eq = None
+        if self.equivalence is not None or other.equivalence is not None:
+            eq = (self.equivalence or [None] * self.n) + (other.equivalence or [None] * other.n)
+        return EvalReport(
+            spec_name=self.spec_name,
+            record_ids=self.record_ids + other.record_ids,
+            scores=self.scores + other.scores,
+            replies=self.replies + other.replies,
+            valid=self.valid + other.valid,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            truncated=self.truncated + other.truncated,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            generation_calls=self.generation_calls + other.generation_calls,
+            judge_calls=self.judge_calls + other.judge_calls,
+            equivalence=eq,
+        )
+
+    def head(self, n: int) -> "EvalReport":
+        """The first ``n`` records (token totals are not split: prompt_tokens is left at 0)."""
+        return EvalReport(
+            spec_name=self.spec_name, record_ids=self.record_ids[:n], scores=self.scores[:n],
+            replies=self.replies[:n], valid=self.valid[:n], completion_tokens=self.completion_tokens[:n],
+            truncated=self.truncated[:n], equivalence=None if self.equivalence is None else self.equivalence[:n],
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers as a flat dict."""
+        return {
+            "spec": self.spec_name, "n": self.n, "n_scored": self.n_scored, "mean": self.mean,
+            "valid_json_rate": self.valid_json_rate, "equivalence": self.equivalence_mean,
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": sum(self.completion_tokens),
+            "lm_calls": self.lm_calls,
+        }
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One spec to evaluate on its records, with the few-shot examples of its system part."""
+
+    spec: Spec
+    records: Sequence[Record]
+    examples: Sequence[Record] = ()
+    constrained: bool = True
+    """Constrain decoding to ``spec.output_schema`` (if it has one)."""
+    max_tokens: int | None = None
+    """Overrides ``spec.max_tokens`` (256 when the spec has none)."""
+    baseline_replies: Sequence[str] | None = None
+    """The baseline's replies to the same records, to compare with (answer_equivalence)."""
+
+    def requests(self, seed: int) -> list[GenerationRequest]:
+        schema = self.spec.output_schema if self.constrained else None
+        limit = self.max_tokens or self.spec.max_tokens or 256
+        return [
+            GenerationRequest(messages=spec_messages(self.spec, r["inputs"], examples=self.examples), json_schema=schema,
+                              max_tokens=limit, temperature=0.0, seed=seed, timeout_s=BATCH_TIMEOUT_S)
+            for r in self.records
+        ]
+
+
+def judge_cost(spec: Spec, n_records: int, *, with_equivalence: bool = False) -> int:
+    """Most LM calls ``evaluate`` can make on ``n_records`` (every judge repair included)."""
+    calls = n_records
+    if spec.metric.kind == "judge_rubric":
+        calls += 2 * n_records
+    if with_equivalence:
+        calls += 4 * n_records
+    return calls
+
+
+def evaluate(engine: Engine, spec: Spec, records: Sequence[Record], *, examples: Sequence[Record] = (),
+             constrained: bool = True, judge_runner: JudgeRunner | None = None, max_tokens: int | None = None,
+             seed: int = 0, baseline_replies: Sequence[str] | None = None) -> EvalReport:
+    """Evaluate one spec on ``records`` with one batched ``generate`` call (see ``EvalItem``)."""
+    item = EvalItem(spec, records, examples, constrained, max_tokens, baseline_replies)
+    return evaluate_many(engine, [item], judge_runner=judge_runner, seed=seed)[0]
+
+
+def evaluate_many(engine: Engine, items: Sequence[EvalItem], *, judge_runner: JudgeRunner | None = None,
+                  seed: int = 0) -> list[EvalReport]:
+    """Evaluate several items; every generation goes in ONE batch, judge calls in one more.
+
+    Args:
+        engine: any engine (wrap it in ``CachedEngine`` to make re-runs free).
+        items: what to evaluate; each item's report comes back in order.
+        judge_runner: the ``JudgeRunner`` for judge-scored specs and equivalence; one on
+            ``engine`` is made when needed and not given.
+        seed: sampling seed of every request.
+    """
+    for item in items:
+        if item.baseline_replies is not None and len(item.baseline_replies) != len(item.records):
+            raise ValueError(f"baseline_replies has {len(item.baseline_replies)} replies for {len(item.records)} records")
+    batches = [item.requests(seed) for item in items]
+    results = engine.generate([req for batch in batches for req in batch]) if any(batches) else []
+    reports, start = [], 0
+    for item, batch in zip(items, batches):
+        chunk = results[start : start + len(batch)]
+        start += len(batch)
+        spec = item.spec
+        replies = [res.text for res in chunk]
+        valid: list[bool | None] = [None] * len(replies)
+        if spec.output_schema is not None:
+            valid = [validate_reply(text, spec.output_schema)[1] is None for text in replies]
+        reports.append(EvalReport(
+            spec_name=spec.name,
+            record_ids=[str(r["id"]) for r in item.records],
+            scores=[score_reply(spec.metric, text, r["expected"], output_schema=spec.output_schema)
+                    for text, r in zip(replies, item.records)],
+            replies=replies,
+            valid=valid,
+            completion_tokens=[res.completion_tokens for res in chunk],
+            truncated=[res.finish_reason == "length" for res in chunk],
+            prompt_tokens=sum(res.prompt_tokens for res in chunk),
+            generation_calls=len(chunk),
+        ))
+    rubric = [k for k, item in enumerate(items) if item.spec.metric.kind == "judge_rubric" and item.records]
+    compared = [k for k, item in enumerate(items) if item.baseline_replies is not None and item.records]
+    if rubric or compared:
+        runner = judge_runner if judge_runner is not None else JudgeRunner(engine, seed=seed)
+        _rubric_scores(runner, items, reports, rubric)
+        _equivalence(runner, items, reports, compared)
+    return reports
+
+
+def _expected_text(expected: Any) -> str:
+    return expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
+
+
+def _input_text(spec: Spec, record: Record) -> str:
+    return render_text(spec.user, record["inputs"])
+
+
+def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list[EvalReport], which: list[int]) -> None:
+    asks, spans = [], []
+    for k in which:
+        spec, report = items[k].spec, reports[k]
+        spans.append((k, len(asks), len(asks) + report.n))
+        asks += [{"task": spec.description, "rubric": spec.metric.rubric or spec.description,
+                  "input": _input_text(spec, r), "reference": _expected_text(r["expected"]), "answer": reply}
+                 for r, reply in zip(items[k].records, report.replies)]
+    if not asks:
+        return
+    verdicts = runner.run("rubric_score", asks)
+    for k, lo, hi in spans:
+        chunk = verdicts[lo:hi]
+        reports[k].scores = [(v.value["score"] - 1) / 4 if v.valid else None for v in chunk]
+        # One batch served every item; each verdict knows the calls it took.
+        reports[k].judge_calls += sum(v.attempts for v in chunk)
+
+
+def _equivalence(runner: JudgeRunner, items: Sequence[EvalItem], reports: list[EvalReport], which: list[int]) -> None:
+    triples, spans = [], []
+    for k in which:
+        item, report = items[k], reports[k]
+        spans.append((k, len(triples), len(triples) + report.n))
+        triples += [(_input_text(item.spec, r), base, reply)
+                    for r, base, reply in zip(item.records, item.baseline_replies or (), report.replies)]
+    if not triples:
+        return
+    comparisons = runner.compare(items[which[0]].spec.description, triples)
+    for k, lo, hi in spans:
+        chunk = comparisons[lo:hi]
+        reports[k].equivalence = [c.score for c in chunk]
+        reports[k].judge_calls += sum(c.forward.attempts + c.backward.attempts for c in chunk)

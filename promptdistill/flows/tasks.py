@@ -1,0 +1,312 @@
+"""The Prefect tasks the three flows share: decorators around :mod:`promptdistill.pipeline` calls.
+
+Engine-bound tasks never receive the engine object: they get the (frozen, small)
+``EngineConfig`` and take the process's engine from
+:func:`promptdistill.pipeline.session.shared_engine`, so Prefect never hashes or
+serializes it, and each process (the flow's, or a distributed runner's worker) has
+exactly one. They hold a slot of the engine's global concurrency limit while they use
+it, so flow runs sharing an engine take turns.
+
+Caching: ``distill-spec`` and ``optimize-spec`` are cached on
+:func:`promptdistill.pipeline.jobs.work_key` (spec hash, dataset hash, engine identity,
+budget, seed, and for the optimizer the TTFT model version). Their results are plain
+JSON (the stage's summary and the folder of its files), persisted with Prefect's JSON
+serializer under ``<state_dir>/prefect-results``: nothing there is unpickled, and a
+rerun after a crash skips finished work. Under that, every LM request goes through the
+LM result cache (``<state_dir>/lm_cache.sqlite``), so even a half-finished stage replays
+for free. Publishing is idempotent on the same key: a rerun never adds a duplicate version.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.tasks import exponential_backoff
+
+from promptdistill.core.config import EngineConfig, load_settings
+from promptdistill.core.errors import EngineTimeoutError, EngineUnavailableError
+from promptdistill.distill.loop import DistillConfig
+from promptdistill.optimize.run import OptimizeBudget
+from promptdistill.optimize.select import SelectionRule
+from promptdistill.pipeline import stages
+from promptdistill.pipeline.budgets import TTFTBudget, task_timeout_s
+from promptdistill.pipeline.jobs import SpecJob, prepare_job, work_key
+from promptdistill.pipeline.publish import promote_and_publish
+from promptdistill.pipeline.report import (
+    artifact_key,
+    failed_row,
+    nightly_report_markdown,
+    spec_report_markdown,
+    summary_frame,
+    summary_row,
+    ttft_report_markdown,
+    ttft_score_rows,
+)
+from promptdistill.pipeline.session import engine_limit, shared_engine
+from promptdistill.pipeline.ttft_models import (
+    after_failed_refresh,
+    fit_and_publish,
+    load_ttft_model,
+    ttft_figure,
+    ttft_status,
+)
+from promptdistill.registry.store import Registry
+from promptdistill.ttft.profile import run_profile
+
+ENGINE_SLOT_WAIT_S = 6 * 3600.0
+"""Longest a task waits for its engine's concurrency slot before failing."""
+
+
+def transient_engine_error(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry only what can heal by itself: an unreachable server or a timed-out batch."""
+    try:
+        state.result()
+    except (EngineUnavailableError, EngineTimeoutError):
+        return True
+    except Exception:  # noqa: BLE001 - anything else is a real failure: don't retry
+        return False
+    return False
+
+
+ENGINE_RETRIES: dict[str, Any] = dict(
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=15),
+    retry_jitter_factor=0.5,
+    retry_condition_fn=transient_engine_error,
+)
+CACHED: dict[str, Any] = dict(cache_key_fn=lambda context, parameters: parameters["key"], persist_result=True,
+                              result_serializer="json")
+"""Cached on the ``key`` parameter, results as JSON; ``persisted()`` adds the storage when called."""
+
+
+def state_dir() -> Path:
+    """The project's state folder (read from the settings at call time, as an absolute path)."""
+    return Path(load_settings().state_dir).resolve()
+
+
+def persisted(task_: Any, **options: Any) -> Any:
+    """``task_`` with its results persisted under ``<state_dir>/prefect-results`` (the cache
+    that makes a rerun resume) and the given run options."""
+    return task_.with_options(result_storage=state_dir() / "prefect-results", **options)
+
+
+def engine_slot(config: EngineConfig, engine: Any) -> Any:
+    """Hold one slot of the engine's global concurrency limit (created on first use; an
+    operator's change to its size is kept)."""
+    name, slots = engine_limit(config, engine.identity)
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
+            except ObjectAlreadyExists:
+                pass
+    get_run_logger().info("taking a slot of concurrency limit %r (%d slots)", name, slots)
+    return concurrency(name, occupy=1, timeout_seconds=ENGINE_SLOT_WAIT_S, strict=True, raise_on_lease_renewal_failure=False)
+
+
+# ------------------------------------------------------------------ TTFT model
+@task(name="measure-ttft", cache_policy=NO_CACHE, **ENGINE_RETRIES)
+def measure_ttft(engine_config: EngineConfig, budget: TTFTBudget, prompts_dir: str, seed: int, out_dir: str) -> str:
+    """Profile the engine; returns the measurements' Parquet path."""
+    engine = shared_engine(engine_config)
+    with engine_slot(engine_config, engine):
+        result = run_profile(engine, budget.profile_config(prompts_dir=prompts_dir, seed=seed), out=out_dir, progress=False)
+    if result.path is None:
+        raise RuntimeError(f"the TTFT profile measured nothing (stopped: {result.stopped}); raise the budget's minutes")
+    get_run_logger().info("measured %d rows in %.0f s (%s) -> %s", len(result.frame), result.elapsed_s, result.stopped, result.path)
+    return str(result.path)
+
+
+@task(name="fit-ttft-model", cache_policy=NO_CACHE)
+def fit_and_publish_ttft(measurements: str, registry_root: str, run_id: str, seed: int, report_dir: str,
+                         keep_contended: bool = False) -> dict[str, Any]:
+    """Fit and select the TTFT model, publish it, report it (table + markdown artifacts)."""
+    registry = Registry(registry_root)
+    frame = pd.read_parquet(measurements)
+    info, model, fit, record = fit_and_publish(registry, frame, seed=seed, source=measurements, report_dir=report_dir,
+                                               keep_contended=keep_contended, extra={"run_id": run_id})
+    logger = get_run_logger()
+    for problem in ("contended_rows_kept", "report_error"):
+        if info.get(problem):
+            logger.warning("TTFT fit: %s", info[problem])
+    registry.put_run_log(run_id, frame, part="ttft-measurements")
+    key = info["engine_key"]
+    create_table_artifact(table=ttft_score_rows(fit), key=artifact_key("ttft-model", key, "scores"),
+                          description=f"TTFT model candidates on engine {key}: cross-validated and held-out scores")
+    create_markdown_artifact(
+        markdown=ttft_report_markdown(model, fit, record, info["figures"])
+        + (f"\n\nFull report: `{info['report']}`" if info.get("report") else ""),
+        key=artifact_key("ttft-model", key, "report"), description=f"TTFT model {record.version} for engine {key}",
+    )
+    return {**info, "refreshed": True}
+
+
+def ensure_ttft_model(engine_config: EngineConfig, engine: Any, *, registry_root: str, max_age_hours: float | None,
+                      budget: TTFTBudget, prompts_dir: str, seed: int, run_id: str) -> dict[str, Any]:
+    """Refresh the TTFT model when the staleness rule says so; returns the model's status."""
+    registry = Registry(registry_root)
+    status = ttft_status(registry, engine.identity, max_age_hours=max_age_hours)
+    if not status.needs_refresh:
+        return {**status.to_dict(), "refreshed": False}
+    get_run_logger().info("refreshing the TTFT model: %s", status.reason)
+    state = measure_ttft(engine_config, budget, prompts_dir, seed, str(state_dir() / "ttft" / "measurements"),
+                         return_state=True)
+    if state.is_completed():
+        state = fit_and_publish_ttft(state.result(), registry_root, run_id, seed, str(state_dir() / "ttft" / "reports"),
+                                     budget.keep_contended, return_state=True)
+    if state.is_completed():
+        after = ttft_status(registry, engine.identity, max_age_hours=None)
+        return {**after.to_dict(), "refreshed": True, "reason": f"refreshed: {status.reason}"}
+    outcome = after_failed_refresh(status, _error(state))
+    get_run_logger().warning("TTFT: %s", outcome["reason"])
+    return outcome
+
+
+# -------------------------------------------------------------------- one spec
+@task(name="prepare-spec", cache_policy=NO_CACHE)
+def prepare_spec(path: str) -> SpecJob:
+    """Load and validate the spec, hash its dataset (a broken spec fails here, alone)."""
+    return prepare_job(path)
+
+
+@task(name="distill-spec", **CACHED, **ENGINE_RETRIES)
+def distill_spec(engine_config: EngineConfig, job: SpecJob, config: DistillConfig, seed: int, key: str) -> dict[str, Any]:
+    """Distill the spec's instruction. Cached on ``key``."""
+    engine = shared_engine(engine_config)
+    with engine_slot(engine_config, engine):
+        return stages.distill_stage(engine, job, config=config, seed=seed, out_dir=state_dir() / "distill" / key,
+                                    cache_path=state_dir() / "lm_cache.sqlite")
+
+
+@task(name="optimize-spec", **CACHED, **ENGINE_RETRIES)
+def optimize_spec(engine_config: EngineConfig, job: SpecJob, budget: OptimizeBudget, selection: SelectionRule,
+                  seed: int, distilled: dict[str, Any] | None, registry_root: str, key: str) -> dict[str, Any]:
+    """Optimize one spec on the engine. Cached on ``key``."""
+    engine = shared_engine(engine_config)
+    ttft_model = load_ttft_model(Registry(registry_root), engine.identity)
+    with engine_slot(engine_config, engine):
+        return stages.optimize_stage(engine, job, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
+                                     distilled=distilled, out_dir=state_dir() / "optimize" / key,
+                                     cache_path=state_dir() / "lm_cache.sqlite")
+
+
+@task(name="publish-template", cache_policy=NO_CACHE)
+def publish_template(result: dict[str, Any], key: str, registry_root: str, allow_promotion: bool) -> dict[str, Any]:
+    """Publish as ``candidate`` (and ``production`` when the rule says so). Idempotent on ``key``."""
+    record, created, decision = promote_and_publish(Registry(registry_root), result, run_key=key,
+                                                    allow_promotion=allow_promotion)
+    get_run_logger().info("%s %s:%d labels %s (%s)", "published" if created else "already published", record.name,
+                          record.version, ",".join(decision.labels), decision.reason)
+    return {"version": record.version, "labels": list(decision.labels), "promotion": decision.reason, "created": created}
+
+
+@task(name="record-spec", cache_policy=NO_CACHE)
+def record_spec(result: dict[str, Any], row: dict[str, Any], registry_root: str, run_id: str) -> None:
+    """Artifacts (candidates table, baseline-vs-winner report) and run logs for one spec."""
+    registry = Registry(registry_root)
+    name, folder = row["template"], result["folder"]
+    table = stages.candidate_table(folder, result["ttft_kind"])
+    log_url = registry.put_run_log(run_id, pd.read_parquet(Path(folder) / "candidates.parquet"),
+                                   part=f"{name}-candidates")
+    registry.put_run_log(run_id, summary_frame([row]), part=f"{name}-summary")
+    create_table_artifact(table=table.to_dict("records"), key=artifact_key(name, "candidates"),
+                          description=f"{name}: every candidate, the Pareto front (quality vs predicted TTFT) first")
+    plots = stages.result_plots(folder)
+    ttft = result["provenance"].get("ttft_model", {})
+    if ttft.get("engine_key") and ttft.get("version"):
+        plots["TTFT model: predicted vs measured (held-out prompts)"] = ttft_figure(
+            registry, ttft["engine_key"], ttft["version"], "pred_vs_measured", folder)
+    create_markdown_artifact(markdown=spec_report_markdown(row, plots=plots, links={"candidate log": log_url}),
+                             key=artifact_key(name, "report"), description=f"{name}: baseline vs winner")
+
+
+def run_spec(path: str, **kwargs: Any) -> dict[str, Any]:
+    """One spec end to end (prepare, distill, optimize, publish, record) as task runs.
+
+    Never raises: a failure fails its own task and comes back as a ``failed`` summary row
+    (an error between tasks, too), so the other specs go on.
+    """
+    try:
+        return _run_spec(path, **kwargs)
+    except Exception as e:  # noqa: BLE001 - one spec must not stop the night
+        get_run_logger().exception("%s: failed between tasks", Path(path).stem)
+        return failed_row(Path(path).stem, f"{type(e).__name__}: {e}")
+
+
+def _run_spec(path: str, *, engine_config: EngineConfig, engine_key: str, budget: OptimizeBudget,
+              selection: SelectionRule, distill: DistillConfig | None, seed: int, ttft_version: str | None,
+              registry_root: str, allow_promotion: bool, run_id: str) -> dict[str, Any]:
+    stem = Path(path).stem
+    state = prepare_spec.with_options(task_run_name=f"prepare-{stem}")(path, return_state=True)
+    if not state.is_completed():
+        return failed_row(stem, _error(state))
+    job = state.result()
+    distilled, hits = None, []
+    if distill is not None:
+        dkey = work_key("distill", job, engine_key=engine_key, seed=seed, distill=distill)
+        state = persisted(distill_spec, task_run_name=f"distill-{job.name}",
+                          timeout_seconds=task_timeout_s(distill.max_minutes))(
+            engine_config, job, distill, seed, dkey, return_state=True)
+        if not state.is_completed():
+            return failed_row(job.name, _error(state), run_key=dkey)
+        distilled, hits = state.result(), hits + [state.name == "Cached"]
+    key = work_key("optimize", job, engine_key=engine_key, seed=seed, budget=budget, selection=selection,
+                   distill=distill, ttft_model=ttft_version)
+    state = persisted(optimize_spec, task_run_name=f"optimize-{job.name}",
+                      timeout_seconds=task_timeout_s(budget.max_minutes))(
+        engine_config, job, budget, selection, seed, distilled, registry_root, key, return_state=True)
+    if not state.is_completed():
+        return failed_row(job.name, _error(state), run_key=key)
+    result, hits = state.result(), hits + [state.name == "Cached"]
+    figures = stages.result_figures(result)
+    state = publish_template.with_options(task_run_name=f"publish-{job.name}")(
+        result, key, registry_root, allow_promotion, return_state=True)
+    if not state.is_completed():
+        return failed_row(job.name, _error(state), run_key=key, cached=all(hits))
+    published = state.result()
+    status = "baseline kept" if result["kept_baseline"] else "optimized"
+    row = summary_row(job.name, figures, status=status, version=published["version"], labels=published["labels"],
+                      promotion=published["promotion"], cached=all(hits), run_key=key)
+    state = record_spec.with_options(task_run_name=f"record-{job.name}")(result, row, registry_root, run_id,
+                                                                        return_state=True)
+    if not state.is_completed():
+        row = {**row, "error": f"reporting failed: {_error(state)}"}
+    return row
+
+
+@task(name="report-night", cache_policy=NO_CACHE)
+def report_night(rows: list[dict[str, Any]], ttft: dict[str, Any], registry_root: str, run_id: str) -> str:
+    """The night's summary table and report artifacts, and its summary run log."""
+    frame = summary_frame(rows)
+    url = Registry(registry_root).put_run_log(run_id, frame, part="summary")
+    create_table_artifact(table=frame.astype(object).where(frame.notna(), None).to_dict("records"), key="nightly-summary",
+                          description="Nightly: one row per spec (tokens, TTFT, quality before and after; published version)")
+    create_markdown_artifact(markdown=nightly_report_markdown(rows, ttft=ttft, run_id=run_id, registry_root=registry_root),
+                             key="nightly-report", description="Nightly: summary across specs and registry versions published")
+    return url
+
+
+def _error(state: Any) -> str:
+    """The exception behind a failed task state as ``TypeName: message``."""
+    exc = state.result(raise_on_failure=False)
+    if isinstance(exc, BaseException):
+        return f"{type(exc).__name__}: {exc}"
+    return state.message or state.name
+
+
+def run_id_for(flow_run_id: str | None) -> str:
+    """A registry run id: UTC time first (run logs sort by time), then the flow run's id."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{(flow_run_id or 'local')[:8]}"

@@ -1,0 +1,92 @@
+"""The nightly's budgets: named presets of the TTFT profile's, the distiller's and the optimizer's sizes.
+
+``promptdistill nightly --budget NAME`` and the deployments pick one; each maps onto the
+stages' own configs (``ProfileConfig``, ``DistillConfig``, ``OptimizeBudget``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from promptdistill.distill.loop import DistillConfig
+from promptdistill.optimize.run import OptimizeBudget
+from promptdistill.pipeline.presets import BUDGET_PRESETS
+from promptdistill.ttft.profile import ProfileConfig
+
+__all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "task_timeout_s"]
+
+
+@dataclass(frozen=True)
+class TTFTBudget:
+    """How much profiling a TTFT refresh may do (the profiler's cost knobs)."""
+
+    points: int = 24
+    """Latin-hypercube sweep points (each cold, and warm when possible)."""
+    repeats: int = 2
+    """Rounds over the whole design."""
+    spec_records: int = 2
+    """Records per spec profiled as it renders."""
+    minutes: float = 6.0
+    """Stop measuring after this long (rows so far are kept)."""
+    density_probe: bool = True
+    """Measure the density probe (fixed tokens, varied density)."""
+    fewshot_probe: bool = True
+    """Measure the few-shot probe (0/1/4/8 examples)."""
+    keep_contended: bool = False
+    """Fit on rows measured while other work took the CPU too (by default they are left
+    out; keep them on a machine that is never idle)."""
+
+    def __post_init__(self) -> None:
+        if self.points < 0 or self.repeats < 1 or self.spec_records < 0 or self.minutes <= 0:
+            raise ValueError(f"TTFTBudget: points >= 0, repeats >= 1, spec_records >= 0 and minutes > 0, got {self}")
+
+    def profile_config(self, *, prompts_dir: str | Path = "prompts", seed: int = 0) -> ProfileConfig:
+        """The profiler's ``ProfileConfig`` for this budget."""
+        kwargs: dict[str, Any] = dict(points=self.points, repeats=self.repeats, spec_records=self.spec_records,
+                                      budget_s=self.minutes * 60.0, fewshot_probe=self.fewshot_probe,
+                                      prompts_dir=str(prompts_dir), seed=seed)
+        if not self.density_probe:
+            kwargs["density_probe_tokens"] = ()
+        return ProfileConfig(**kwargs).validate()
+
+
+def task_timeout_s(*max_minutes: float) -> float:
+    """The safety net on one spec's task: its stages' own time limits three times over,
+    plus 20 minutes for verification and start-up. The stages stop themselves well before."""
+    return sum(max_minutes) * 60.0 * 3 + 1200.0
+
+
+
+
+def budget_preset(name: str) -> dict[str, Any]:
+    """The nightly flow's budget parameters for a preset: ``ttft_budget``, ``distill``, ``budget``.
+
+    Raises:
+        ValueError: an unknown preset name.
+    """
+    if name == "full":
+        return {"ttft_budget": TTFTBudget(), "distill": DistillConfig(), "budget": OptimizeBudget()}
+    if name == "quick":
+        return {
+            "ttft_budget": TTFTBudget(points=24, repeats=2, spec_records=2, minutes=6.0),
+            "distill": DistillConfig(screen_size=16, dev_size=400, test_size=0, max_rounds=1, max_lm_calls=300,
+                                     max_minutes=2.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
+                                     finalists=2),
+            "budget": OptimizeBudget(max_lm_calls=1600, max_minutes=4.0, screen_size=16, dev_size=400, test_size=200,
+                                     fewshot_counts=(0, 2, 4), similar_counts=(2,), fixed_subsets=1, max_variants=3,
+                                     feature_records=3, timing_records=2, format_size=8),
+        }
+    if name == "smoke":
+        return {
+            "ttft_budget": TTFTBudget(points=8, repeats=1, spec_records=1, minutes=4.0, density_probe=False,
+                                      fewshot_probe=False),
+            "distill": DistillConfig(screen_size=4, dev_size=12, test_size=0, max_rounds=1, max_lm_calls=60,
+                                     max_minutes=2.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
+                                     judge_examples=1, finalists=1, first_look=8),
+            "budget": OptimizeBudget(max_lm_calls=150, max_minutes=2.0, screen_size=4, dev_size=12, test_size=6,
+                                     fewshot_counts=(0, 2), similar_counts=(), fixed_subsets=1, max_variants=2,
+                                     feature_records=2, timing_records=1, formats=False, format_size=4),
+        }
+    raise ValueError(f"unknown budget preset {name!r}; known: {', '.join(BUDGET_PRESETS)}")

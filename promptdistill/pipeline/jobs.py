@@ -1,0 +1,104 @@
+"""Which specs a run covers and what identifies one spec's work (the cache key of a task)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from promptdistill.core.errors import PromptDistillError, SpecError
+from promptdistill.core.jsonio import canonical_json, json_safe
+from promptdistill.specs.datasets import dataset_hash
+from promptdistill.specs.load import load_spec
+
+__all__ = ["SpecJob", "SpecsFailedError", "prepare_job", "select_spec_files", "settings_key", "work_key"]
+
+
+class SpecsFailedError(PromptDistillError):
+    """Some specs of a run failed; the others were done. ``summary`` holds the whole run."""
+
+    def __init__(self, message: str, summary: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message, dict(summary or {}))
+        self.summary = dict(summary or {})
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __repr__(self) -> str:  # Prefect logs the repr: the message, not the whole summary
+        return f"{type(self).__name__}({self.args[0]!r})"
+
+
+def select_spec_files(prompts_dir: str | Path = "prompts", names: Sequence[str] | None = None) -> list[Path]:
+    """The spec files a run covers: every ``*.yaml`` in ``prompts_dir``, or the ones named.
+
+    Loading happens later, one spec at a time, so a broken spec fails only its own work.
+
+    Raises:
+        SpecError: the folder is missing or empty, or a name is unknown (listing the known ones).
+    """
+    folder = Path(prompts_dir)
+    if not folder.is_dir():
+        raise SpecError(f"{folder}: prompts folder not found (run from your project's folder, or pass --prompts-dir)")
+    known = {p.stem: p for p in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])}
+    if not names:
+        if not known:
+            raise SpecError(f"{folder}: no *.yaml specs in the prompts folder")
+        return list(known.values())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SpecError(f"{folder}: no spec named {', '.join(map(repr, unknown))} (known: {', '.join(known) or 'none'})")
+    return [known[n] for n in dict.fromkeys(names)]
+
+
+@dataclass(frozen=True)
+class SpecJob:
+    """One spec's work, identified by content: what the cache key is made of."""
+
+    name: str
+    path: str
+    spec_hash: str
+    dataset_path: str
+    dataset_hash: str
+
+
+def prepare_job(path: str | Path) -> SpecJob:
+    """Load and validate one spec and hash its dataset.
+
+    Raises:
+        SpecError: the spec is invalid or its dataset is missing (naming the file).
+    """
+    spec = load_spec(Path(path))
+    if not spec.dataset.is_file():
+        raise SpecError(f"{spec.where}: dataset: file {spec.dataset} not found")
+    return SpecJob(name=spec.name, path=str(Path(path)), spec_hash=spec.spec_hash(), dataset_path=str(spec.dataset),
+                   dataset_hash=dataset_hash(spec.dataset))
+
+
+def settings_key(value: Any) -> Any:
+    """A budget, rule or config (a dataclass) as plain JSON for a cache key."""
+    if value is None:
+        return None
+    if is_dataclass(value) and not isinstance(value, type):
+        return json_safe(asdict(value))
+    return json_safe(value)
+
+
+def work_key(stage: str, job: SpecJob, *, engine_key: str, seed: int, **settings: Any) -> str:
+    """What determines one stage's result for one spec, hashed: the cache key of a task.
+
+    Always the spec's content, its dataset's bytes, the engine identity and the seed;
+    plus the stage's settings (budget, selection rule, distill config, TTFT model
+    version...), each reduced to plain JSON by :func:`settings_key`. Never the engine
+    object, a client or a DataFrame. The spec file's location is not part of it.
+
+    Example:
+        >>> work_key("optimize", job, engine_key=engine.identity.key(), seed=0,
+        ...          budget=budget, ttft_model=model.version)            # doctest: +SKIP
+        'optimize-3f1c...'
+    """
+    parts = {
+        "stage": stage, "spec": job.spec_hash, "dataset": job.dataset_hash, "engine": engine_key, "seed": seed,
+        **{name: settings_key(value) for name, value in sorted(settings.items())},
+    }
+    return f"{stage}-" + hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:32]

@@ -1,0 +1,276 @@
+"""The nightly pipeline's summaries and reports: rows, tables and markdown (pure).
+
+One summary row per spec, with the same columns whether the spec was optimized,
+served from the cache, or failed (then ``status`` is ``failed`` and ``error`` says why).
+The flows turn the rows into Prefect table/markdown artifacts and Parquet run logs; the
+CLI prints :func:`format_summary_table`.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+__all__ = [
+    "SUMMARY_COLUMNS",
+    "artifact_key",
+    "failed_row",
+    "format_summary_table",
+    "image_markdown",
+    "nightly_report_markdown",
+    "spec_report_markdown",
+    "summary_frame",
+    "summary_row",
+    "ttft_report_markdown",
+    "ttft_score_rows",
+]
+
+SUMMARY_COLUMNS = (
+    "template",
+    "status",
+    "tokens_before",
+    "tokens_after",
+    "instruction_tokens_before",
+    "instruction_tokens_after",
+    "ttft_ms_before",
+    "ttft_ms_after",
+    "ttft_cold_ms_before",
+    "ttft_cold_ms_after",
+    "ttft_warm_ms_before",
+    "ttft_warm_ms_after",
+    "ttft_ms_predicted_before",
+    "ttft_ms_predicted_after",
+    "quality_before",
+    "quality_before_low",
+    "quality_before_high",
+    "quality_after",
+    "quality_after_low",
+    "quality_after_high",
+    "valid_json_rate_before",
+    "valid_json_rate_after",
+    "gate_passed",
+    "gate_reason",
+    "test_n",
+    "race_n",
+    "diff_lower",
+    "plan",
+    "warm_share",
+    "warm_share_source",
+    "lm_calls",
+    "tokens_processed",
+    "minutes",
+    "version",
+    "labels",
+    "promotion",
+    "cached",
+    "run_key",
+    "error",
+)
+"""Every summary row has exactly these keys (missing figures are None)."""
+
+
+def summary_row(template: str, figures: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """One spec's row: ``figures`` (the optimizer's numbers) plus run fields (status, version...).
+
+    Unknown keys are refused so a renamed figure cannot silently become an empty column.
+
+    Raises:
+        KeyError: naming the unknown keys.
+    """
+    values = {**dict(figures), **fields}
+    unknown = sorted(set(values) - set(SUMMARY_COLUMNS))
+    if unknown:
+        raise KeyError(f"summary row for {template!r}: unknown column(s) {unknown}; known: {list(SUMMARY_COLUMNS)}")
+    row = {c: None for c in SUMMARY_COLUMNS}
+    row.update(values)
+    row["template"] = template
+    row["status"] = row["status"] or "optimized"
+    row["cached"] = bool(row["cached"])
+    if isinstance(row["labels"], (list, tuple)):
+        row["labels"] = ",".join(row["labels"])
+    return row
+
+
+def failed_row(template: str, error: str, **fields: Any) -> dict[str, Any]:
+    """The row of a spec whose work failed: every figure None, the error kept."""
+    return summary_row(template, {}, status="failed", error=error, **fields)
+
+
+def summary_frame(rows: Iterable[Mapping[str, Any]]) -> Any:
+    """The rows as a DataFrame with the fixed columns, in order (for Parquet run logs)."""
+    return pd.DataFrame([{c: r.get(c) for c in SUMMARY_COLUMNS} for r in rows], columns=list(SUMMARY_COLUMNS))
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key: lowercase letters, digits and dashes (``ticket-triage-report``).
+
+    Keys are stable across runs, so the UI shows one history per key across nights.
+    """
+    key = "-".join(re.sub(r"[^a-z0-9]+", "-", str(p).lower()).strip("-") for p in parts if str(p).strip())
+    key = re.sub(r"-+", "-", key).strip("-")
+    if not key:
+        raise ValueError(f"artifact key from {parts!r} is empty")
+    return key
+
+
+# ---------------------------------------------------------------- formatting
+def _num(value: Any, fmt: str = "{:.0f}") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def _arrow(before: Any, after: Any, fmt: str = "{:.0f}") -> str:
+    return f"{_num(before, fmt)} -> {_num(after, fmt)}"
+
+
+def _ci(mean: Any, low: Any, high: Any) -> str:
+    if mean is None:
+        return "-"
+    if low is None or high is None:
+        return f"{mean:.3f}"
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def _version(row: Mapping[str, Any]) -> str:
+    if row.get("version") is None:
+        return "-"
+    labels = f" ({row['labels']})" if row.get("labels") else ""
+    return f"{row['template']}:{row['version']}{labels}"
+
+
+def format_summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A plain-text table: template, tokens, TTFT (measured), quality before -> after, version."""
+    header = ("template", "status", "tokens", "TTFT ms", "quality", "published")
+    body = []
+    for r in rows:
+        body.append((
+            str(r["template"]),
+            str(r["status"]) + (" (cached)" if r.get("cached") else ""),
+            _arrow(r.get("tokens_before"), r.get("tokens_after")),
+            _arrow(r.get("ttft_ms_before"), r.get("ttft_ms_after")),
+            _arrow(r.get("quality_before"), r.get("quality_after"), "{:.3f}"),
+            _version(r),
+        ))
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['template']}: FAILED: {r['error']}")
+    return "\n".join(lines)
+
+
+def image_markdown(path: str | Path | None, alt: str, *, max_bytes: int = 400_000) -> str:
+    """A PNG embedded as a data URI (the Prefect UI shows it), or its path when too big."""
+    if path is None:
+        return ""
+    p = Path(path)
+    if not p.is_file():
+        return f"_{alt}: not produced ({p})_"
+    data = p.read_bytes()
+    if len(data) > max_bytes:
+        return f"{alt}: `{p}` ({len(data) // 1024} KiB)"
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode()})"
+
+
+def spec_report_markdown(row: Mapping[str, Any], *, plots: Mapping[str, str | Path | None] = {}, links: Mapping[str, str] = {}) -> str:
+    """One spec's report: baseline against winner, the decision, the plots."""
+    r = row
+    lines = [f"# {r['template']}: baseline vs winner", ""]
+    if r["status"] == "failed":
+        return "\n".join(lines + [f"**Failed:** {r['error']}"])
+    lines += [
+        "| | baseline | winner |",
+        "|---|---:|---:|",
+        f"| prompt tokens | {_num(r['tokens_before'])} | {_num(r['tokens_after'])} |",
+        f"| quality (95% CI) | {_ci(r['quality_before'], r['quality_before_low'], r['quality_before_high'])} "
+        f"| {_ci(r['quality_after'], r['quality_after_low'], r['quality_after_high'])} |",
+        f"| TTFT measured (ms) | {_num(r['ttft_ms_before'])} | {_num(r['ttft_ms_after'])} |",
+        f"| TTFT predicted (ms) | {_num(r['ttft_ms_predicted_before'])} | {_num(r['ttft_ms_predicted_after'])} |",
+        f"| valid-JSON rate | {_num(r['valid_json_rate_before'], '{:.1%}')} | {_num(r['valid_json_rate_after'], '{:.1%}')} |",
+        "",
+        f"- gate: **{'passed' if r['gate_passed'] else 'not passed'}**" + (f": {r['gate_reason']}" if r["gate_reason"] else ""),
+        f"- published: {_version(r)}" + (f"; {r['promotion']}" if r["promotion"] else ""),
+        f"- cost: {_num(r['lm_calls'])} LM calls, {_num(r['minutes'], '{:.1f}')} minutes"
+        + (" (served from the cache of an earlier run)" if r["cached"] else ""),
+    ]
+    for name, url in links.items():
+        lines.append(f"- {name}: `{url}`")
+    for alt, path in plots.items():
+        if path is not None:
+            lines += ["", f"## {alt}", "", image_markdown(path, alt)]
+    return "\n".join(lines)
+
+
+def nightly_report_markdown(
+    rows: Sequence[Mapping[str, Any]], *, ttft: Mapping[str, Any] | None = None, run_id: str = "", registry_root: str = ""
+) -> str:
+    """The night's report: the summary across specs, what was published, what failed."""
+    failed = [r for r in rows if r["status"] == "failed"]
+    lines = [f"# Nightly prompt optimization{f' ({run_id})' if run_id else ''}", ""]
+    lines.append(f"{len(rows) - len(failed)} of {len(rows)} specs done" + (f", {len(failed)} failed." if failed else "."))
+    if ttft:
+        refreshed = f" (refreshed: version {ttft['version']})" if ttft.get("refreshed") else ""
+        lines.append(f"TTFT model: {ttft.get('reason', '')}{refreshed}")
+    lines += ["", "| template | status | tokens | TTFT ms | quality | published |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['template']} | {r['status']}{' (cached)' if r['cached'] else ''} "
+            f"| {_arrow(r['tokens_before'], r['tokens_after'])} | {_arrow(r['ttft_ms_before'], r['ttft_ms_after'])} "
+            f"| {_arrow(r['quality_before'], r['quality_after'], '{:.3f}')} | {_version(r)} |"
+        )
+    if failed:
+        lines += ["", "## Failed", ""] + [f"- **{r['template']}**: {r['error']}" for r in failed]
+    published = [r for r in rows if r["version"] is not None]
+    if published:
+        lines += ["", "## Registry versions", ""]
+        lines += [f"- `{r['template']}:{r['version']}` labels: {r['labels'] or '-'}; {r['promotion'] or ''}" for r in published]
+        if registry_root:
+            lines.append(f"\nRegistry: `{registry_root}`; load with `Templates({registry_root!r}).get('NAME@production')`.")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------- TTFT model
+def ttft_score_rows(fit: Any) -> list[dict[str, Any]]:
+    """One row per TTFT model candidate: CV and held-out scores, monotonicity, chosen."""
+    rows = []
+    for name in fit.cv:
+        row: dict[str, Any] = {"model": name, "chosen": name == fit.chosen, "monotonic": bool(fit.monotonic.get(name))}
+        row.update({f"cv_{k}": v for k, v in fit.cv[name].items()})
+        row.update({f"heldout_{k}": v for k, v in fit.heldout.get(name, {}).items()})
+        rows.append(row)
+    return sorted(rows, key=lambda r: (not r["chosen"], r["model"]))
+
+
+def ttft_report_markdown(model: Any, fit: Any, record: Any, plots: Mapping[str, str | Path | None] = {}) -> str:
+    """The refreshed TTFT model: what was measured, how well each candidate predicts, the plots."""
+    ident = model.engine_identity
+    held = fit.heldout.get(model.name, {})
+    lines = [
+        f"# TTFT model for engine `{ident.key()}`",
+        "",
+        f"- engine: {ident.model}, {ident.backend}, {ident.dtype}, max_model_len {ident.max_model_len}, "
+        f"{ident.hardware}, {ident.engine_version}",
+        f"- chosen: **{model.name}** (registry artifact version {record.version}, model {model.version})",
+        f"- data: {model.training.get('rows', '-')} measurements, {model.training.get('prompts', '-')} prompts",
+        "- held-out: " + (", ".join(f"{k} {v:.3g}" for k, v in held.items()) or "-"),
+        "",
+        "| model | chosen | monotonic | CV MAPE | held-out MAPE | held-out R² |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for r in ttft_score_rows(fit):
+        lines.append(
+            f"| {r['model']} | {'yes' if r['chosen'] else ''} | {'yes' if r['monotonic'] else 'no'} "
+            f"| {_num(r.get('cv_mape'), '{:.1%}')} | {_num(r.get('heldout_mape'), '{:.1%}')} | {_num(r.get('heldout_r2'), '{:.3f}')} |"
+        )
+    for alt, path in plots.items():
+        if path is not None:
+            lines += ["", f"## {alt}", "", image_markdown(path, alt)]
+    return "\n".join(lines)
+

@@ -1,0 +1,141 @@
+"""The stages a pipeline run calls, and what the flows read from their outputs (no Prefect).
+
+Each stage writes its full output to a folder (Parquet tables, ``result.json``, plots)
+and returns plain JSON: what Prefect persists and caches (never a pickled object), and
+all a later task needs. The flows never reach into a stage's internals.
+
+* :func:`distill_stage`: the distiller on one spec; its finalists feed the optimizer;
+* :func:`optimize_stage`: the optimizer on one spec, with the distiller's finalists;
+* :func:`result_figures`, :func:`candidate_table`, :func:`result_plots`: what the
+  summary row, the table artifact and the report show.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import pandas as pd
+
+from promptdistill.core.jsonio import json_safe
+from promptdistill.distill.loop import DistillConfig, distill
+from promptdistill.engine.base import Engine
+from promptdistill.engine.cache import CachedEngine
+from promptdistill.optimize.optimizer import optimize
+from promptdistill.optimize.run import OptimizeBudget
+from promptdistill.optimize.select import SelectionRule
+from promptdistill.optimize.variants import variants_from_parquet
+from promptdistill.pipeline.jobs import SpecJob
+from promptdistill.pipeline.publish import gate
+from promptdistill.specs.load import load_spec
+from promptdistill.ttft.model import TTFTModel
+
+__all__ = ["candidate_table", "distill_stage", "optimize_stage", "result_figures", "result_plots"]
+
+
+@contextmanager
+def cached(engine: Engine, cache_path: str | Path | None) -> Iterator[Engine]:
+    """The engine behind the LM result cache (a rerun with the same seed makes no LM calls)."""
+    if cache_path is None:
+        yield engine
+        return
+    lm = CachedEngine(engine, cache_path)
+    try:
+        yield lm
+    finally:
+        lm.close()
+
+
+def distill_stage(engine: Engine, job: SpecJob, *, config: DistillConfig, seed: int, out_dir: str | Path,
+                  cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> dict[str, Any]:
+    """Distill the spec's instruction; returns ``{"folder", "summary"}`` (the files are in ``folder``)."""
+    spec = load_spec(Path(job.path))
+    with cached(engine, cache_path) as lm:
+        result = distill(lm, spec, config=replace(config, seed=seed), judge_engine=judge_engine)
+    folder = result.write(out_dir)
+    return {"folder": str(folder), "summary": result.summary()}
+
+
+def optimize_stage(engine: Engine, job: SpecJob, *, ttft_model: TTFTModel, budget: OptimizeBudget,
+                   selection: SelectionRule, seed: int, out_dir: str | Path, distilled: Mapping[str, Any] | None = None,
+                   cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> dict[str, Any]:
+    """Optimize the spec (with the distiller's finalists as variants, when given).
+
+    Returns:
+        ``OptimizationResult.to_json()`` plus ``folder``: everything publishing and
+        reporting need; the tables and the plot are in ``folder``.
+    """
+    spec = load_spec(Path(job.path))
+    variants = None
+    if distilled is not None:
+        variants = variants_from_parquet(spec, Path(distilled["folder"]) / "candidates.parquet")
+    with cached(engine, cache_path) as lm:
+        result = optimize(lm, spec, ttft_model=ttft_model, budget=budget, seed=seed, distill_candidates=variants,
+                          selection=selection, judge_engine=judge_engine)
+    result.write(out_dir)
+    return {**result.to_json(), "folder": str(out_dir)}
+
+
+def _first(figs: Mapping[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if figs.get(k) is not None:
+            return figs[k]
+    return None
+
+
+def result_figures(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary-row figures (``report.SUMMARY_COLUMNS``) of an optimizer result.
+
+    Quality is the held-out test mean with its 95% interval (dev when the dataset has no
+    test records); TTFT is measured on the engine and predicted, for the prefix state the
+    selection rule used (by default the expected TTFT).
+    """
+    kind = result["ttft_kind"]
+    out: dict[str, Any] = {}
+    for who, suffix in (("baseline", "before"), ("winner", "after")):
+        figs = result[who]
+        test = figs.get("test_mean") is not None
+        out[f"tokens_{suffix}"] = figs.get("total_tokens")
+        out[f"instruction_tokens_{suffix}"] = figs.get("instruction_tokens")
+        out[f"ttft_ms_{suffix}"] = _first(figs, f"measured_{kind}_ms")
+        out[f"ttft_cold_ms_{suffix}"] = figs.get("measured_cold_ms")
+        out[f"ttft_warm_ms_{suffix}"] = figs.get("measured_warm_ms")
+        out[f"ttft_ms_predicted_{suffix}"] = _first(figs, f"ttft_{kind}_ms", f"predicted_{kind}_ms")
+        out[f"quality_{suffix}"] = figs.get("test_mean" if test else "dev_mean")
+        out[f"quality_{suffix}_low"] = figs.get("test_ci_low" if test else "dev_ci_low")
+        out[f"quality_{suffix}_high"] = figs.get("test_ci_high" if test else "dev_ci_high")
+        out[f"valid_json_rate_{suffix}"] = _first(figs, "test_valid_json_rate", "dev_valid_json_rate")
+    passed, reason = gate(result)
+    decision = result["winner"].get("decision") or {}
+    out.update(gate_passed=passed, gate_reason=reason, lm_calls=result["lm_calls"],
+               tokens_processed=(result.get("prompt_tokens") or 0) + (result.get("completion_tokens") or 0),
+               test_n=result["winner"].get("test_n"), race_n=decision.get("n"), diff_lower=decision.get("lower"),
+               plan=result.get("plan_text"), warm_share=result.get("warm_share"),
+               warm_share_source=result.get("warm_share_source"), minutes=round(result["minutes"], 2))
+    return json_safe(out)
+
+
+def candidate_table(folder: str | Path, ttft_kind: str) -> pd.DataFrame:
+    """Every candidate, the Pareto front first (cheapest first), then the rest by quality.
+
+    Columns are the ones a reader compares; cells are JSON-safe (NaN becomes None).
+    """
+    df = pd.read_parquet(Path(folder) / "candidates.parquet")
+    cost = f"ttft_{ttft_kind}_ms"
+    df["_order"] = (~df["pareto"].astype(bool)).astype(int)
+    df["_q"] = -df["screen_quality"].astype(float).fillna(-1.0)
+    df["_c"] = df[cost].astype(float)
+    df.loc[df["_order"] == 1, "_c"] = 0.0
+    df = df.sort_values(["_order", "_c", "_q", "candidate_id"]).drop(columns=["_order", "_q", "_c"])
+    wanted = ["candidate_id", "pareto", "is_winner", "is_baseline", "finalist", "strategy", "k", "total_tokens",
+              "semantic_density", "ttft_cold_ms", "ttft_warm_ms", "screen_quality", "race_n", "quality", "ci_low",
+              "ci_high", "diff_lower", "diff_upper", "verdict", "decision", "notes"]
+    df = df[[c for c in wanted if c in df.columns]].reset_index(drop=True)
+    return df.astype(object).where(pd.notna(df), None)
+
+
+def result_plots(folder: str | Path) -> dict[str, Path]:
+    """{title: PNG} of a result's plots: the Pareto front (with the density curve)."""
+    return {"Pareto front (quality vs predicted TTFT) and density curve": Path(folder) / "pareto.png"}

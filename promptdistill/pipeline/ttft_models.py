@@ -1,0 +1,231 @@
+"""The TTFT model's life: one place (the registry), for the CLI and the flows alike.
+
+A fitted model is stored as the artifact ``ttft-model/<engine key>`` (the key of the
+engine identity it was measured on), with the figures of its report beside it.
+``promptdistill ttft fit``, the ``profile-ttft`` flow and the nightly's refresh all publish
+there; ``promptdistill optimize`` and the nightly load from there.
+
+* :func:`ttft_status`: is there a model for this engine, and is it fresh?
+* :func:`fit_and_publish`: select and fit a model on measurements, write its report,
+  publish it;
+* :func:`load_ttft_model`, :func:`ttft_figure`: read it back;
+* :func:`after_failed_refresh`: the rule when a refresh fails (go on with the old model,
+  or stop when there is none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from promptdistill.core.errors import PromptDistillError, TemplateNotFoundError
+from promptdistill.core.jsonio import atomic_write, json_safe
+from promptdistill.engine.base import EngineIdentity
+from promptdistill.registry.store import Registry
+from promptdistill.ttft.fit import FitResult, engine_rows, fit_models
+from promptdistill.ttft.model import TTFTModel
+from promptdistill.ttft.report import build_report
+
+__all__ = [
+    "TTFT_ARTIFACT_KIND",
+    "TTFTStatus",
+    "after_failed_refresh",
+    "fit_and_publish",
+    "fit_ttft_model",
+    "load_ttft_model",
+    "publish_ttft_model",
+    "ttft_figure",
+    "ttft_report",
+    "ttft_status",
+]
+
+TTFT_ARTIFACT_KIND = "ttft-model"
+"""Registry artifact kind of fitted TTFT models; the artifact name is the engine key."""
+
+
+@dataclass(frozen=True)
+class TTFTStatus:
+    """Whether the registry holds a usable TTFT model for an engine, and why (not)."""
+
+    engine_key: str
+    needs_refresh: bool
+    reason: str
+    version: int | None = None
+    """Registry artifact version of the newest model, if any."""
+    model_version: str | None = None
+    fitted_at: str | None = None
+    age_hours: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ttft_status(
+    registry: Registry, identity: EngineIdentity, *, max_age_hours: float | None, now: datetime | None = None
+) -> TTFTStatus:
+    """The staleness rule: refresh when there is no model for this engine identity, or
+    the newest one was fitted more than ``max_age_hours`` ago (None: never too old)."""
+    key = identity.key()
+    try:
+        record = registry.get_artifact(TTFT_ARTIFACT_KIND, key)
+    except TemplateNotFoundError:
+        return TTFTStatus(key, True, f"no TTFT model for engine {key} ({identity.model}, {identity.backend})")
+    meta = record.metadata
+    fitted_at = meta.get("fitted_at") or record.created_at
+    now = now or datetime.now(timezone.utc)
+    age_hours = (now - _parse_time(fitted_at)).total_seconds() / 3600.0
+    base = dict(version=record.version, model_version=meta.get("model_version"), fitted_at=fitted_at, age_hours=age_hours)
+    if max_age_hours is not None and age_hours > max_age_hours:
+        return TTFTStatus(key, True, f"TTFT model {record.version} is {age_hours:.1f} h old (limit {max_age_hours:g} h)", **base)
+    return TTFTStatus(key, False, f"TTFT model {record.version} is {age_hours:.1f} h old: fresh", **base)
+
+
+def _parse_time(value: str) -> datetime:
+    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def publish_ttft_model(registry: Registry, model: TTFTModel, *, extra: Mapping[str, Any] | None = None,
+                       figures: Mapping[str, bytes] | None = None) -> Any:
+    """Store a fitted ``TTFTModel`` as the next ``ttft-model/<engine key>`` artifact.
+
+    ``figures`` (name -> PNG bytes) are stored beside the model as ``figure-<name>.png``,
+    so every report made with this model can show how well it fits.
+    """
+    identity: EngineIdentity = model.engine_identity
+    metadata = {
+        "engine_identity": identity.to_dict(),
+        "model_version": model.version,
+        "model_name": model.name,
+        "fitted_at": model.fitted_at,
+        "metrics": model.metrics,
+        **dict(extra or {}),
+    }
+    files = {**model.to_files(), **{f"figure-{name}.png": data for name, data in (figures or {}).items()}}
+    return registry.put_artifact(TTFT_ARTIFACT_KIND, identity.key(), files, metadata=json_safe(metadata),
+                                 labels=["current"])
+
+
+def ttft_figure(registry: Registry, engine_key: str, model_version: str, name: str, out_dir: str | Path) -> Path | None:
+    """A figure stored with the TTFT model ``model_version`` of an engine, written to
+    ``out_dir`` (None when that model or figure is not in the registry)."""
+    for version in reversed(registry.artifact_versions(TTFT_ARTIFACT_KIND, engine_key)):
+        record = registry.get_artifact(TTFT_ARTIFACT_KIND, engine_key, version=version)
+        if record.metadata.get("model_version") != model_version:
+            continue
+        file_name = f"figure-{name}.png"
+        if file_name not in record.files:
+            return None
+        data = registry.read_artifact_files(record)[file_name]
+        path = Path(out_dir) / f"ttft-{model_version}-{name}.png"
+        return atomic_write(path, data)
+    return None
+
+
+def load_ttft_model(registry: Registry, identity: EngineIdentity, *, version: int | None = None) -> TTFTModel:
+    """The newest (or a given) TTFT model fitted on this engine identity.
+
+    Raises:
+        TemplateNotFoundError: no model for this engine; run the ``profile-ttft`` flow.
+    """
+    key = identity.key()
+    try:
+        record = registry.get_artifact(TTFT_ARTIFACT_KIND, key, version=version)
+    except TemplateNotFoundError:
+        raise TemplateNotFoundError(
+            f"{registry.root}: no TTFT model for engine {key} ({identity.model}, {identity.backend}); "
+            "run the profile-ttft flow (`prefect deployment run 'profile-ttft/profile-ttft'`) or "
+            "`promptdistill ttft profile` then `promptdistill ttft fit`"
+        ) from None
+    source = f"{registry.root}/{TTFT_ARTIFACT_KIND}/{key}:{record.version}"
+    model = TTFTModel.from_files(registry.read_artifact_files(record), source=source)
+    model.check_engine(identity)
+    return model
+
+
+def fit_ttft_model(frame: Any, *, seed: int = 0, source: str = "", keep_contended: bool = False) -> tuple[Any, Any, Any]:
+    """Select and fit the TTFT model on a measurement frame of one engine.
+
+    Rows measured under CPU contention are left out unless ``keep_contended``; when too
+    few prompts remain without them, the fit keeps them and says so in
+    ``model.training["contended_rows_kept"]``.
+
+    Returns:
+        (TTFTModel, FitResult, the rows it was fitted on).
+
+    Raises:
+        ValueError: the frame mixes engines, lacks identity columns or has too few prompts.
+    """
+    rows = engine_rows(frame, where=source or "measurements")
+    fallback = None
+    try:
+        fit = fit_models(rows, seed=seed, drop_contended=not keep_contended)
+    except ValueError as e:
+        if keep_contended:
+            raise
+        # A machine that is never idle: rather a noisier model than none.
+        fit, fallback = fit_models(rows, seed=seed, drop_contended=False), str(e)
+    model = TTFTModel.from_fit(fit, rows, sources=[source] if source else [])
+    if fallback:
+        model.training["contended_rows_kept"] = f"too few uncontended prompts ({fallback}); fitted on every row"
+    return model, fit, rows
+
+
+def ttft_report(rows: Any, fit: Any, model: Any, out_dir: str | Path, *, seed: int = 0,
+                keep_contended: bool = False) -> dict[str, Path]:
+    """The TTFT report ([C]'s ``build_report``: markdown, JSON, PNGs) in ``out_dir``.
+
+    Returns:
+        ``{"report": report.md, <figure title>: png, ...}``.
+    """
+    out = Path(out_dir)
+    md = build_report(rows, out, fit=fit, seed=seed, model_version=model.version, drop_contended=not keep_contended)
+    figures = {p.stem.replace("_", " "): p for p in sorted(out.glob("*.png"))}
+    return {"report": md, **figures}
+
+
+def fit_and_publish(registry: Registry, frame: pd.DataFrame, *, seed: int = 0, source: str = "",
+                    report_dir: str | Path, keep_contended: bool = False,
+                    extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], TTFTModel, FitResult, Any]:
+    """Fit and select the model on ``frame``, write its report, publish both.
+
+    A report that fails to build does not keep a good model from being published (the
+    returned ``info["report_error"]`` says why).
+
+    Returns:
+        (info, model, fit, record): ``info`` is plain JSON (engine key, artifact version,
+        model version, chosen estimator, held-out scores, the report's path).
+    """
+    model, fit, rows = fit_ttft_model(frame, seed=seed, source=source, keep_contended=keep_contended)
+    keep = keep_contended or bool(model.training.get("contended_rows_kept"))
+    info: dict[str, Any] = {}
+    try:
+        figures = ttft_report(rows, fit, model, Path(report_dir) / model.version, seed=seed, keep_contended=keep)
+    except Exception as e:  # noqa: BLE001 - a failed report must not keep a good model from being published
+        figures, info["report_error"] = {}, f"{type(e).__name__}: {e}"
+    pngs = {name: path for name, path in figures.items() if name != "report"}
+    record = publish_ttft_model(registry, model, extra={"measurements": source, **dict(extra or {})},
+                                figures={p.stem: p.read_bytes() for p in pngs.values()})
+    info.update({"engine_key": model.engine_identity.key(), "version": record.version,
+                 "model_version": model.version, "chosen": model.name,
+                 "heldout": json_safe(fit.heldout.get(model.name, {})),
+                 "contended_rows_kept": model.training.get("contended_rows_kept"),
+                 "report": str(figures["report"]) if "report" in figures else None,
+                 "figures": {name: str(path) for name, path in pngs.items()}})
+    return info, model, fit, record
+
+
+def after_failed_refresh(status: TTFTStatus, error: str) -> dict[str, Any]:
+    """What a run does when refreshing the TTFT model failed: go on with the old model.
+
+    Raises:
+        PromptDistillError: there is no older model for this engine, so the run cannot go on.
+    """
+    if status.version is None:
+        raise PromptDistillError(f"no TTFT model for engine {status.engine_key} and the refresh failed: {error}")
+    return {**status.to_dict(), "refreshed": False,
+            "reason": f"{status.reason}; refresh FAILED ({error}), using the old model"}

@@ -1,0 +1,327 @@
+"""The one search kernel: screen candidates cheaply, race the finalists, select the winner.
+
+The distiller (instruction variants) and the optimizer (variants x few-shot settings) both
+search this way; only their candidates, their evaluation and their cost differ.
+
+1. **Screen** (:func:`screen`): the baseline and every candidate on the screen records
+   (``splits.screen``). A candidate is *plausible* when its mean difference from the
+   baseline there is within the margin. The finalists are the plausible candidates that
+   could beat the baseline, cheapest first, then the rest by difference; at most
+   ``finalists`` of them. Screening only chooses what to race: it never certifies.
+2. **Race** (:func:`race`): the baseline and the finalists on growing batches of the
+   certify records (``looks``: 50, 100, 200, ... up to the pool). After each batch an
+   anytime-valid confidence sequence on the paired difference
+   (:mod:`promptdistill.search.sequential`) decides each finalist:
+   ``non-inferior`` (lower bound > -margin), ``inferior`` (upper bound < -margin), or it
+   goes on; when the pool is exhausted it is ``undecided`` (never published as a win).
+   A finalist that could no longer win (a cheaper one is certified) stops. The error rate:
+   each finalist is tested at ``alpha / finalists`` (Bonferroni over the finalists, which
+   were chosen on other records), and the bound holds over every look, so the chance
+   that *any* finalist is certified non-inferior while it is worse than the margin is at
+   most ``alpha``.
+3. **Select** (:func:`select`): among the certified finalists and the baseline, the lowest
+   cost wins; costs closer than the stage's resolution (the TTFT model's error, for
+   example) are ties, broken by fewer static tokens, then by higher quality.
+
+Example:
+    >>> looks(300, first=50)
+    [50, 100, 200, 300]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from promptdistill.core.stats import paired_diffs
+from promptdistill.evaluate.evaluator import EvalReport
+from promptdistill.search.budget import Budget
+from promptdistill.search.sequential import confidence_sequence
+from promptdistill.specs.model import Spec
+
+__all__ = [
+    "Candidate",
+    "Decision",
+    "NON_INFERIOR",
+    "RaceSettings",
+    "can_beat",
+    "looks",
+    "race",
+    "screen",
+    "select",
+]
+
+Record = Mapping[str, Any]
+Evaluate = Callable[[list["Candidate"], Sequence[Record]], list[EvalReport]]
+"""``evaluate(candidates, records)``: one report per candidate, all in as few batches as possible."""
+Resolution = Callable[["Candidate", "Candidate"], float]
+"""The smallest cost difference between two candidates that counts as a difference."""
+
+NON_INFERIOR = "non-inferior"
+INFERIOR = "inferior"
+UNDECIDED = "undecided"
+NOT_RACED = "not raced"
+STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class RaceSettings:
+    """How a race decides. Every field has a default; ``margin`` is the spec's."""
+
+    margin: float
+    """Largest allowed drop of the mean score (the spec's ``slo.max_quality_drop``)."""
+    alpha: float = 0.1
+    """Chance of certifying any finalist that is worse than the margin (family-wise)."""
+    finalists: int = 3
+    """Most candidates raced after screening (alpha is split among them)."""
+    first_look: int = 50
+    """Certify records of the first look; each later look doubles it, up to the pool."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.margin <= 1.0:
+            raise ValueError(f"margin must be in [0, 1], got {self.margin}.")
+        if not 0.0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}.")
+        if self.finalists < 1 or self.first_look < 1:
+            raise ValueError(f"finalists and first_look must be at least 1, got {self.finalists}, {self.first_look}.")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the race concluded about one candidate, with the numbers behind it."""
+
+    verdict: str
+    """'non-inferior' (certified), 'inferior' (certified), 'undecided', 'stopped' or 'not raced'."""
+    n: int = 0
+    """Paired certify records it was evaluated on."""
+    diff_mean: float | None = None
+    lower: float | None = None
+    upper: float | None = None
+    """Anytime-valid bounds on the mean difference from the baseline (each side at ``alpha``)."""
+    alpha: float | None = None
+    """This candidate's error rate (the race's alpha over the finalists)."""
+    reason: str = ""
+
+    @property
+    def certified(self) -> bool:
+        return self.verdict == NON_INFERIOR
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "n": self.n, "diff_mean": self.diff_mean, "lower": self.lower,
+                "upper": self.upper, "alpha": self.alpha, "reason": self.reason}
+
+
+@dataclass(eq=False)
+class Candidate:
+    """One prompt the search considered: its spec and examples, its cost, what was measured."""
+
+    id: str
+    spec: Spec
+    examples: list[Record] = field(default_factory=list)
+    """Few-shot examples of the static system part (empty: none)."""
+    cost: float = 0.0
+    """What selection minimises (instruction tokens, predicted TTFT in ms...)."""
+    static_tokens: int = 0
+    """Tokens of the static prefix: the first tie-break (less KV cache, lower cold TTFT)."""
+    screen: EvalReport | None = None
+    """On the screen records."""
+    raced: EvalReport | None = None
+    """On the certify records, merged over every look."""
+    decision: Decision = field(default_factory=lambda: Decision(NOT_RACED))
+    lm_calls: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float | None:
+        """Mean score on the certify records when raced, else on the screen records."""
+        report = self.raced if self.raced is not None else self.screen
+        return None if report is None else report.mean
+
+    def add(self, part: str, report: EvalReport) -> None:
+        """Merge a report on the next records of ``part`` ('screen' or 'raced')."""
+        old = getattr(self, part)
+        setattr(self, part, report if old is None else old.merged(report))
+        self.lm_calls += report.lm_calls
+
+
+def looks(pool: int, *, first: int = 50) -> list[int]:
+    """Certify records seen at each look: ``first``, doubling, ending at ``pool``."""
+    if pool <= 0:
+        return []
+    sizes = [min(first, pool)]
+    while sizes[-1] < pool:
+        sizes.append(min(2 * sizes[-1], pool))
+    return sizes
+
+
+def paired_mean(candidate: EvalReport, baseline: EvalReport) -> float | None:
+    """Mean of candidate - baseline over the records both scored (the first ``candidate.n``)."""
+    diffs = paired_diffs(candidate.scores, baseline.scores[: candidate.n])
+    return float(diffs.mean()) if diffs.size else None
+
+
+def can_beat(cand: Candidate, best: Candidate, resolution: Resolution) -> bool:
+    """Could ``cand`` be selected over ``best`` if both were certified (quality aside)?"""
+    gap = best.cost - cand.cost
+    tol = resolution(cand, best)
+    if gap > tol:
+        return True
+    return abs(gap) <= tol and cand.static_tokens < best.static_tokens
+
+
+def _evaluate(cands: list[Candidate], records: Sequence[Record], part: str, evaluate: Evaluate) -> None:
+    if not cands or not records:
+        return
+    for cand, report in zip(cands, evaluate(cands, records)):
+        cand.add(part, report)
+
+
+def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
+           budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
+           keep: int | None = None) -> list[Candidate]:
+    """Evaluate on the screen records and return the finalists, best first (see the module docstring).
+
+    Candidates already screened (a report covering every screen record) are not evaluated
+    again. When the budget cannot cover every candidate, the cheapest are screened and the
+    rest are noted as not screened.
+    """
+    todo = [c for c in candidates if c.screen is None or c.screen.n < len(records)]
+    if baseline.screen is None or baseline.screen.n < len(records):
+        todo = [baseline, *todo]
+    todo.sort(key=lambda c: (c is not baseline, c.cost))
+    can = budget.affordable(len(todo), calls_per_record * len(records), "candidates screened")
+    for cand in todo[can:]:
+        cand.notes.append(budget.reason or "not screened (budget)")
+    _evaluate(todo[:can], records, "screen", evaluate)
+    if baseline.screen is None:
+        return []
+    ranked = sorted((c for c in candidates if c.screen is not None and c.screen.n >= len(records)),
+                    key=lambda c: _screen_rank(c, baseline, settings.margin, resolution))
+    finalists = [c for c in ranked if _screen_rank(c, baseline, settings.margin, resolution)[0] == 0]
+    for cand in ranked:
+        if cand not in finalists:
+            cand.notes.append(_screen_note(cand, baseline, settings.margin, resolution))
+    limit = settings.finalists if keep is None else keep
+    for cand in finalists[limit:]:
+        cand.notes.append(f"screening: not among the {limit} finalists")
+    return finalists[:limit]
+
+
+def _screen_rank(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> tuple:
+    diff = paired_mean(cand.screen, base.screen) if cand.screen is not None and base.screen is not None else None
+    plausible = diff is not None and diff >= -margin - 1e-12
+    useful = can_beat(cand, base, resolution)
+    tier = 0 if plausible and useful else 1 if useful else 2
+    return (tier, cand.cost if tier == 0 else 0.0, -(diff if diff is not None else -2.0), cand.id)
+
+
+def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> str:
+    if not can_beat(cand, base, resolution):
+        return (f"screening: cannot beat the baseline (cost {cand.cost:.1f} vs {base.cost:.1f}, "
+                f"{cand.static_tokens} vs {base.static_tokens} static tokens)")
+    diff = paired_mean(cand.screen, base.screen)
+    shown = "-" if diff is None else f"{diff:+.3f}"
+    return f"screening: mean difference {shown} on {cand.screen.n} records is below -{margin:g}"
+
+
+def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
+         budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
+         log: Callable[[str], None] = lambda message: None) -> None:
+    """Race ``finalists`` against ``baseline`` on ``records``; sets each finalist's ``decision``."""
+    if not finalists:
+        return
+    alpha_each = settings.alpha / len(finalists)
+    alive = list(finalists)
+    seen = 0
+    for size in looks(len(records), first=settings.first_look):
+        alive = [c for c in alive if _still_useful(c, baseline, finalists, resolution)]
+        if not alive:
+            break
+        new = records[seen:size]
+        need_base = baseline.raced is None or baseline.raced.n < size
+        n_eval = len(alive) + int(need_base)
+        can = budget.affordable(n_eval, calls_per_record * len(new), "race evaluations")
+        if can < n_eval:
+            if can - int(need_base) <= 0:
+                break
+            alive = sorted(alive, key=lambda c: c.cost)[: can - int(need_base)]
+        _evaluate(([baseline] if need_base else []) + alive, new, "raced", evaluate)
+        seen = size
+        for cand in alive:
+            cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=False)
+        alive = [c for c in alive if c.decision.verdict == UNDECIDED]
+        log(f"race: {size} of {len(records)} certify records; " + "; ".join(
+            f"{c.id} {c.decision.verdict} [{_num(c.decision.lower)}, {_num(c.decision.upper)}]" for c in finalists
+            if c.raced is not None))
+    exhausted = seen >= len(records)
+    for cand in finalists:
+        if cand.raced is None:
+            cand.decision = Decision(NOT_RACED, alpha=alpha_each,
+                                     reason=budget.reason or "not raced: a cheaper finalist was certified first")
+        elif cand.decision.verdict == UNDECIDED:
+            if not _still_useful(cand, baseline, finalists, resolution):
+                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=True, stopped=True)
+            else:
+                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=True,
+                                        budget_cut=None if exhausted else budget.reason)
+
+
+def _still_useful(cand: Candidate, baseline: Candidate, finalists: Sequence[Candidate], resolution: Resolution) -> bool:
+    """False once a certified finalist (or the baseline) would be selected over ``cand``."""
+    rivals = [baseline] + [c for c in finalists if c is not cand and c.decision.certified]
+    return all(can_beat(cand, r, resolution) for r in rivals)
+
+
+def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, *, final: bool,
+            stopped: bool = False, budget_cut: str | None = None) -> Decision:
+    diffs = paired_diffs(cand.raced.scores, baseline.raced.scores[: cand.raced.n])
+    n = int(diffs.size)
+    if n == 0:
+        return Decision(UNDECIDED, 0, None, None, None, alpha, "no record scored by both")
+    lower, upper = confidence_sequence(diffs, alpha=alpha)
+    lo, hi, mean = float(lower[-1]), float(upper[-1]), float(np.mean(diffs))
+    bounds = f"[{lo:+.3f}, {hi:+.3f}] after {n} records (alpha {alpha:.3g})"
+    if lo > -margin:
+        return Decision(NON_INFERIOR, n, mean, lo, hi, alpha, f"certified non-inferior: bounds {bounds}, "
+                        f"lower > -{margin:g}")
+    if hi < -margin:
+        return Decision(INFERIOR, n, mean, lo, hi, alpha, f"certified inferior: bounds {bounds}, upper < -{margin:g}")
+    if not final:
+        return Decision(UNDECIDED, n, mean, lo, hi, alpha, f"undecided so far: bounds {bounds}")
+    if stopped:
+        why = "stopped: a certified rival would be selected over it"
+    elif budget_cut:
+        why = f"undecided: {budget_cut}"
+    else:
+        why = "undecided: the dev pool is exhausted"
+    return Decision(STOPPED if stopped else UNDECIDED, n, mean, lo, hi, alpha, f"{why}; bounds {bounds}")
+
+
+def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: Resolution) -> tuple[Candidate, str]:
+    """The winner among the certified candidates and the baseline, and why, in numbers."""
+    certified = [c for c in candidates if c.decision.certified]
+    if not certified:
+        return baseline, "no candidate certified non-inferior; keeping the baseline"
+    best = baseline
+    for cand in sorted(certified, key=lambda c: (c.cost, c.static_tokens, -(c.mean or 0.0), c.id)):
+        if can_beat(cand, best, resolution) or (
+            abs(best.cost - cand.cost) <= resolution(cand, best) and cand.static_tokens == best.static_tokens
+            and best is not baseline and (cand.mean or 0.0) > (best.mean or 0.0)
+        ):
+            best = cand
+    if best is baseline:
+        return baseline, (f"{len(certified)} candidate(s) certified non-inferior, none cheaper than the baseline "
+                          f"beyond the resolution; keeping the baseline")
+    gap = baseline.cost - best.cost
+    tie = abs(gap) <= resolution(best, baseline)
+    why = (f"cost {best.cost:.1f} vs baseline {baseline.cost:.1f} is within the resolution "
+           f"({resolution(best, baseline):.1f}): a tie, broken by fewer static tokens "
+           f"({best.static_tokens} vs {baseline.static_tokens})") if tie else (
+        f"cost {best.cost:.1f} vs baseline {baseline.cost:.1f} (resolution {resolution(best, baseline):.1f})")
+    return best, f"{best.id}: {best.decision.reason}; {why}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"

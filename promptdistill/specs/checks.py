@@ -1,0 +1,262 @@
+"""Validation of prompt spec files: safe YAML, the shipped JSON Schema, then meaning.
+
+Every problem is reported, not just the first, as ``file: path.to.field: reason``.
+Three layers:
+
+1. :func:`read_spec_data` parses the YAML safely (no language tags, no duplicate keys),
+   validates it against ``schemas/prompt_spec.schema.json`` and checks what the file
+   implies on disk (``name`` equals the stem, the dataset file exists);
+2. :func:`spec_errors` checks what a schema cannot express on a built ``Spec``
+   (placeholders declared and used, a static system part, a valid output schema, a
+   metric that fits the output); ``Spec.__post_init__`` calls it, so a spec changed in
+   code is checked as strictly as one read from a file;
+3. :func:`validate_spec_file` adds the dataset: every line loads, inputs match the spec,
+   expected values fit the metric, and the train split can supply the examples.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+import yaml
+
+from promptdistill.specs.render import TemplateSyntaxError, check_template, mask_escapes, placeholders
+from promptdistill.specs.text import WORD
+
+if TYPE_CHECKING:
+    from promptdistill.specs.model import Spec
+
+__all__ = ["layout_warnings", "load_schema", "read_spec_data", "spec_errors"]
+
+_NAME = re.compile(r"^[a-z0-9_]+$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@lru_cache(maxsize=1)
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema for spec files, shipped in ``promptdistill/schemas``."""
+    text = resources.files("promptdistill").joinpath("specs/schema/prompt_spec.schema.json").read_text("utf-8")
+    return json.loads(text)
+
+
+class _StrictSafeLoader(yaml.SafeLoader):
+    """SafeLoader that also refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _field(path: Any) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(root)"
+
+
+def _schema_errors(data: Any) -> list[str]:
+    schema = load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = []
+    for e in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]):
+        path = list(e.absolute_path)
+        if e.validator == "required":
+            for name in e.validator_value:
+                if isinstance(e.instance, dict) and name not in e.instance:
+                    errors.append(f"{_field(path + [name])}: required field is missing")
+        elif e.validator == "additionalProperties" and isinstance(e.schema.get("properties"), dict):
+            allowed = sorted(e.schema["properties"])
+            for name in sorted(set(e.instance) - set(allowed)):
+                errors.append(f"{_field(path + [name])}: unknown field (allowed: {', '.join(allowed)})")
+        else:
+            errors.append(f"{_field(path)}: {e.message}")
+    return list(dict.fromkeys(errors))
+
+
+def read_spec_data(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """Parse and schema-check a spec file. Returns (data or None, ``field: reason`` errors)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        return None, [f"(file): cannot read: {e.strerror or e}"]
+    try:
+        data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(root)"
+        problem = getattr(e, "problem", None) or str(e)
+        if isinstance(e, yaml.constructor.ConstructorError) and "tag" in str(problem):
+            problem = f"{problem} (only plain YAML is allowed: no language-specific tags)"
+        return None, [f"{where}: not valid YAML: {problem}"]
+    if not isinstance(data, dict):
+        return None, [f"(root): must be a mapping of fields, got {type(data).__name__}"]
+    errors = _schema_errors(data)
+    name = data.get("name")
+    if isinstance(name, str) and name != path.stem:
+        errors.append(f"name: {name!r} must equal the file's stem {path.stem!r}")
+    dataset = data.get("dataset")
+    if isinstance(dataset, str) and not any(e.startswith("dataset:") for e in errors):
+        ds = path.parent.parent / "datasets" / dataset
+        if not ds.is_file():
+            errors.append(f"dataset: file not found: {ds}")
+    return (None if errors else data), errors
+
+
+def _static_text_errors(spec: "Spec") -> list[str]:
+    """System text is static: a declared input in it would defeat the prefix cache."""
+    texts = [("template.system.instruction", spec.instruction)]
+    if spec.context:
+        texts.append(("template.system.context", spec.context))
+    texts += [(f"template.system.constraints[{i}]", c) for i, c in enumerate(spec.constraints)]
+    errors = []
+    for where, text in texts:
+        used = [p for p in placeholders(text) if p in spec.inputs]
+        if used:
+            errors.append(
+                f"{where}: uses input(s) {', '.join('{' + u + '}' for u in used)}; the system part is static "
+                "(served from the prefix cache), so put inputs in template.user"
+            )
+    return errors
+
+
+def _template_errors(spec: "Spec") -> list[str]:
+    errors = []
+    try:
+        check_template(spec.user, spec.inputs, where="template.user")
+    except TemplateSyntaxError as e:
+        errors.append(str(e))
+    used = set(placeholders(spec.user))
+    errors += [f"inputs.{n}: declared but never used in template.user" for n in spec.inputs if n not in used]
+    ex = spec.examples
+    if ex.count < 0:
+        errors.append(f"template.system.examples.count: must be at least 0, got {ex.count}")
+    if ex.selection not in ("first", "random", "balanced", "fixed"):
+        errors.append(f"template.system.examples.selection: must be first, random, balanced or fixed, got {ex.selection!r}")
+    if ex.selection == "fixed" and len(ex.ids) < ex.count:
+        errors.append(f"template.system.examples.ids: the 'fixed' selection needs at least count={ex.count} ids, got {len(ex.ids)}")
+    if ex.format is not None:
+        fields = [p for p in placeholders(ex.format) if p.startswith("expected_")]
+        try:
+            check_template(ex.format, [*spec.inputs, "expected", *fields], where="template.system.examples.format")
+        except TemplateSyntaxError as e:
+            errors.append(str(e))
+    return errors
+
+
+def _output_metric_errors(spec: "Spec") -> list[str]:
+    errors = []
+    props: dict[str, Any] = {}
+    if spec.output_schema is not None:
+        try:
+            jsonschema.Draft202012Validator.check_schema(spec.output_schema)
+            props = spec.output_schema.get("properties") or {}
+        except jsonschema.SchemaError as e:
+            errors.append(f"{_field(['output', 'schema', *e.absolute_path])}: not a valid JSON Schema: {e.message}")
+    if spec.max_tokens is not None and spec.max_tokens < 1:
+        errors.append(f"output.max_tokens: must be at least 1, got {spec.max_tokens}")
+    m = spec.metric
+    kinds = ("exact", "json_field", "numeric", "contains", "judge_rubric")
+    if m.kind not in kinds:
+        errors.append(f"metric.kind: must be one of {', '.join(kinds)}, got {m.kind!r}")
+    if m.kind == "judge_rubric" and not (m.rubric and m.rubric.strip()):
+        errors.append("metric.rubric: a judge_rubric metric needs a rubric (what the judge looks for)")
+    if m.tolerance < 0:
+        errors.append(f"metric.tolerance: must be at least 0, got {m.tolerance}")
+    if m.pattern is not None:
+        try:
+            re.compile(m.pattern)
+        except re.error as e:
+            errors.append(f"metric.pattern: not a valid regular expression: {e}")
+    if props:
+        if m.field and m.field not in props:
+            errors.append(f"metric.field: {m.field!r} is not a property of output.schema ({', '.join(props)})")
+        errors += [f"metric.fields: {f!r} is not a property of output.schema" for f in m.fields if f not in props]
+    if m.kind == "json_field" and m.pattern is not None:
+        errors.append("metric.pattern: a json_field metric compares fields, not one answer; put format rules in output.schema")
+    if m.kind != "json_field" and m.fields:
+        errors.append("metric.fields: only a json_field metric compares several fields; use metric.field")
+    if not 0 <= spec.slo.max_quality_drop <= 1:
+        errors.append(f"slo.max_quality_drop: must be in [0, 1], got {spec.slo.max_quality_drop}")
+    if spec.slo.ttft_ms is not None and spec.slo.ttft_ms <= 0:
+        errors.append(f"slo.ttft_ms: must be positive, got {spec.slo.ttft_ms}")
+    return errors
+
+
+def spec_errors(spec: "Spec") -> list[str]:
+    """Every ``field: reason`` a built Spec violates (empty when valid)."""
+    errors = []
+    if not _NAME.match(spec.name):
+        errors.append(f"name: must match [a-z0-9_]+, got {spec.name!r}")
+    if not spec.inputs:
+        errors.append("inputs: at least one input is required")
+    errors += [f"inputs.{n}: not a valid input name (letters, digits, _)" for n in spec.inputs if not _IDENT.match(n)]
+    errors += [
+        f"inputs.{n}: the name is reserved for the expected output in example formats"
+        for n in spec.inputs if n == "expected" or n.startswith("expected_")
+    ]
+    if not spec.instruction.strip():
+        errors.append("template.system.instruction: must not be empty")
+    return errors + _static_text_errors(spec) + _template_errors(spec) + _output_metric_errors(spec)
+
+
+# --- prefix-cache layout ------------------------------------------------------------------
+
+_VOLATILE = (
+    ("a date", re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2},? \d{4}\b|\b\d{1,2} (?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]* \d{4}\b|\btoday(?:'s date)? is\b", re.I)),
+    ("a time of day", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\b")),
+    ("a UUID", re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)),
+    ("a long hex id", re.compile(r"\b[0-9a-f]{16,}\b", re.I)),
+    ("a counter", re.compile(r"(?:#\s?\d+\b|\b(?:request|session|run|attempt|call|batch|turn|message)\s+(?:no\.?\s*|number\s+)?\d+\b)", re.I)),
+)
+_MAX_STATIC_AFTER_INPUT_WORDS = 4
+
+
+def layout_warnings(spec: "Spec") -> list[str]:
+    """Prefix-cache problems in a spec's layout, as ``file: field: reason`` lines.
+
+    Warns when static text comes after the first input value in ``template.user`` (it is
+    recomputed on every request), and when the static system part (instruction, context,
+    rules) holds something volatile: a date, a time, a UUID, a hex id or a counter. Few-shot
+    examples are not checked: they are fixed records, not values that change per request.
+    """
+    out = []
+    masked = mask_escapes(spec.user)
+    names = placeholders(spec.user)
+    first = re.search(r"\{[A-Za-z_][A-Za-z0-9_]*\}", masked)
+    if first:
+        after = re.sub(r"\{[A-Za-z_][A-Za-z0-9_]*\}", " ", masked[first.end():])
+        words = WORD.findall(after)
+        if len(words) > _MAX_STATIC_AFTER_INPUT_WORDS:
+            out.append(
+                f"{spec.where}: template.user: {len(words)} words of static text come after the first input "
+                f"{{{names[0]}}}; the prefix cache stops at the first input, so they are recomputed on every "
+                "request: move them into the system part"
+            )
+    texts = [("template.system.instruction", spec.instruction)]
+    if spec.context:
+        texts.append(("template.system.context", spec.context))
+    texts += [(f"template.system.constraints[{i}]", c) for i, c in enumerate(spec.constraints)]
+    for where, text in texts:
+        for what, pattern in _VOLATILE:
+            m = pattern.search(text)
+            if m:
+                out.append(
+                    f"{spec.where}: {where}: holds {what} ({m.group(0)!r}) in the static part; if it changes, "
+                    "every change invalidates the cached prefix: pass it as an input in template.user"
+                )
+    return out
+

@@ -1,0 +1,240 @@
+"""Prompt specs: how a production prompt template is described, loaded and rendered.
+
+A spec lives in ``prompts/<name>.yaml``; its dataset in ``datasets/<dataset>`` beside
+``prompts/``. The template is split the way a prefix cache wants it: a static system
+part (instruction, context, constraints, few-shot examples) rendered first and a
+variable user part, holding every input, rendered last::
+
+    name: ticket_triage
+    description: Route a support ticket to the team that handles it.
+    dataset: ticket_triage.jsonl
+    inputs: {ticket: The customer's message.}
+    template:
+      system:
+        instruction: Classify the ticket ...
+        constraints: [Answer with exactly one label.]
+        examples: {count: 3, selection: balanced, format: "Ticket: {ticket}\\nAnswer: {expected}"}
+      user: "Ticket: {ticket}"
+    output: {schema: {...}, max_tokens: 20}
+    metric: {kind: exact, field: label}
+    slo: {ttft_ms: 400, max_quality_drop: 0.02}
+
+System text (instruction, context, constraints) is literal: braces in it are plain text.
+The user template and the example format use ``{input}`` placeholders and ``{{``/``}}``
+for literal braces (see :mod:`promptdistill.specs.render`).
+
+Everything that renders a spec goes through :func:`spec_messages`, which is
+``render_messages(build_system(spec, examples), spec.user, inputs)``: the optimizer, the
+evaluator and the published template (:func:`template_content`) share that one path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from promptdistill.core.errors import SpecError
+from promptdistill.core.jsonio import canonical_json
+from promptdistill.specs.checks import spec_errors
+
+__all__ = ["ExamplesConfig", "MetricSpec", "Slo", "Spec", "rules_block", "spec_error", "spec_from_dict"]
+
+RULES_HEADER = "Rules:"
+"""Heading of the constraints block, in the system text and in ``instruction_text()``."""
+METRIC_KINDS = ("exact", "json_field", "numeric", "contains", "judge_rubric")
+SELECTIONS = ("first", "random", "balanced", "fixed")
+
+
+@dataclass(frozen=True)
+class ExamplesConfig:
+    """How many few-shot examples the system part carries and how they are chosen."""
+
+    count: int = 0
+    """Number of examples taken from the dataset's train split."""
+    selection: str = "first"
+    """'first' (file order), 'random' (seeded sample), 'balanced' (round-robin over
+    expected labels) or 'fixed' (the records named in ``ids``, in that order)."""
+    format: str | None = None
+    """Template for one example: input placeholders, ``{expected}`` (objects as JSON) and
+    ``{expected_<field>}`` for a field of an object ``expected``. None: one
+    ``Name: {name}`` line per input, then ``Answer: {expected}``."""
+    ids: tuple[str, ...] = ()
+    """Record ids for the 'fixed' selection."""
+    header: str = "Examples:"
+    """Line printed before the examples."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ids", tuple(self.ids))
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How a reply is scored against the expected output (see :mod:`promptdistill.specs.metrics`)."""
+
+    kind: str = "exact"
+    """exact | json_field | numeric | contains | judge_rubric."""
+    field: str | None = None
+    """exact/numeric/contains: compare this field of the JSON reply (and of ``expected``
+    when it is an object) instead of the whole reply."""
+    fields: tuple[str, ...] = ()
+    """json_field: the fields compared (default: every key of ``expected``)."""
+    tolerance: float = 0.0
+    """numeric and json_field numbers: largest absolute difference still counted equal."""
+    case_sensitive: bool = False
+    """Compare strings case-sensitively (labels are compared case-insensitively by default)."""
+    pattern: str | None = None
+    """A regular expression the whole (stripped) answer must match, else the score is 0."""
+    rubric: str | None = None
+    """judge_rubric: what the judge looks for (scored by the judge, not here)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The service-level objective the optimizer must respect."""
+
+    ttft_ms: float | None = None
+    """Time-to-first-token target in milliseconds; None: no target."""
+    max_quality_drop: float = 0.02
+    """Largest drop in the metric's mean score (absolute, in [0, 1]) an optimized prompt may have."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A loaded, validated prompt spec. Frozen: ``with_changes`` returns a new one."""
+
+    name: str
+    description: str
+    dataset: Path
+    inputs: tuple[str, ...]
+    instruction: str
+    user: str
+    context: str | None = None
+    constraints: tuple[str, ...] = ()
+    examples: ExamplesConfig = field(default_factory=ExamplesConfig)
+    output_schema: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    metric: MetricSpec = field(default_factory=MetricSpec)
+    slo: Slo = field(default_factory=Slo)
+    input_descriptions: Mapping[str, str] = field(default_factory=dict)
+    source_path: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "constraints", tuple(self.constraints))
+        object.__setattr__(self, "dataset", Path(self.dataset))
+        object.__setattr__(self, "input_descriptions", dict(self.input_descriptions))
+        errors = spec_errors(self)
+        if errors:
+            raise spec_error(self.where, errors)
+
+    def __hash__(self) -> int:  # dict fields: hash the canonical content instead
+        return hash(self.spec_hash())
+
+    @property
+    def where(self) -> str:
+        """How errors name this spec: its file, or ``<spec NAME>`` when built in code."""
+        return str(self.source_path) if self.source_path else f"<spec {self.name}>"
+
+    def instruction_text(self) -> str:
+        """Instruction plus constraints, formatted exactly as in the system text."""
+        parts = [self.instruction.strip()]
+        if self.constraints:
+            parts.append(rules_block(self.constraints))
+        return "\n\n".join(parts)
+
+    def with_changes(self, **changes: Any) -> "Spec":
+        """A new, re-validated spec with some fields changed; this one is untouched.
+
+        Example:
+            >>> shorter = spec.with_changes(instruction="Classify the ticket.", constraints=())
+        """
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"Spec has no field(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec in the shape of its YAML file (dataset as a file name)."""
+        ex = self.examples
+        examples: dict[str, Any] = {"count": ex.count, "selection": ex.selection, "header": ex.header}
+        if ex.format is not None:
+            examples["format"] = ex.format
+        if ex.ids:
+            examples["ids"] = list(ex.ids)
+        system: dict[str, Any] = {"instruction": self.instruction}
+        if self.context is not None:
+            system["context"] = self.context
+        system["constraints"] = list(self.constraints)
+        system["examples"] = examples
+        metric = {k: v for k, v in dataclasses.asdict(self.metric).items() if v is not None and v != ()}
+        if "fields" in metric:
+            metric["fields"] = list(metric["fields"])
+        return {
+            "name": self.name,
+            "description": self.description,
+            "dataset": self.dataset.name,
+            "inputs": {n: self.input_descriptions.get(n, "") for n in self.inputs},
+            "template": {"system": system, "user": self.user},
+            "output": {"schema": self.output_schema, "max_tokens": self.max_tokens},
+            "metric": metric,
+            "slo": {"ttft_ms": self.slo.ttft_ms, "max_quality_drop": self.slo.max_quality_drop},
+        }
+
+    def spec_hash(self) -> str:
+        """sha256 of the canonical JSON of :meth:`to_dict` (the file's content, not its path)."""
+        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
+
+
+def rules_block(constraints: Sequence[str]) -> str:
+    """The constraints as the system text shows them: a ``Rules:`` heading and one ``- `` line each."""
+    return RULES_HEADER + "\n" + "\n".join(f"- {c.strip()}" for c in constraints)
+
+
+def spec_error(where: str, errors: Sequence[str]) -> SpecError:
+    """A SpecError listing every ``field: reason`` of one spec, each prefixed by ``where``."""
+    lines = [f"{where}: {e}" for e in errors]
+    err = SpecError(lines[0] if len(lines) == 1 else f"{len(lines)} errors:\n  " + "\n  ".join(lines))
+    err.errors = lines  # type: ignore[attr-defined]
+    return err
+
+
+def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = None) -> Spec:
+    """Build a Spec from an already schema-valid dict (the YAML file's content)."""
+    tmpl = data["template"]
+    system = tmpl["system"]
+    ex = system.get("examples") or {}
+    out = data.get("output") or {}
+    metric = dict(data["metric"])
+    slo = data.get("slo") or {}
+    src = Path(source_path) if source_path else None
+    datasets_dir = (src.parent.parent if src else Path(".")) / "datasets"
+    return Spec(
+        name=data["name"],
+        description=data["description"],
+        dataset=datasets_dir / data["dataset"],
+        inputs=tuple(data["inputs"]),
+        input_descriptions=dict(data["inputs"]),
+        instruction=system["instruction"],
+        context=system.get("context"),
+        constraints=tuple(system.get("constraints") or ()),
+        examples=ExamplesConfig(
+            count=ex.get("count", 0),
+            selection=ex.get("selection", "first"),
+            format=ex.get("format"),
+            ids=tuple(ex.get("ids") or ()),
+            header=ex.get("header", "Examples:"),
+        ),
+        user=tmpl["user"],
+        output_schema=out.get("schema"),
+        max_tokens=out.get("max_tokens"),
+        metric=MetricSpec(**{k: v for k, v in metric.items() if v is not None}),
+        slo=Slo(ttft_ms=slo.get("ttft_ms"), max_quality_drop=slo.get("max_quality_drop", 0.02)),
+        source_path=src,
+    )
+
