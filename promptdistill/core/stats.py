@@ -4,9 +4,7 @@ Sequential decisions (anytime-valid bounds) are in :mod:`promptdistill.search.se
 
 * ``bootstrap_ci``: the mean of one candidate's per-record scores with a percentile
   bootstrap interval;
-* ``paired_bootstrap_lower_bound``: the one-sided lower bound of the mean of
-  ``candidate - baseline`` over the same records (the non-inferiority test: a candidate
-  is non-inferior when this bound is at least ``-max_quality_drop``).
+* ``paired_diffs``: ``candidate - baseline`` per record, for the records both scored.
 
 Records whose score is None in either list (a judge that could not score them) are
 left out of the pairs. Every function takes a ``seed``: same inputs, same bounds.
@@ -23,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["MeanCI", "bootstrap_ci", "mean_of", "paired_bootstrap_lower_bound", "paired_diffs"]
+__all__ = ["MeanCI", "bootstrap_ci", "mean_of", "paired_diffs"]
 
 
 def mean_of(values: Sequence[float | None]) -> float | None:
@@ -92,29 +90,3 @@ def paired_diffs(candidate: Sequence[float | None], baseline: Sequence[float | N
         )
     pairs = [(a, b) for a, b in zip(candidate, baseline) if a is not None and b is not None]
     return np.asarray([a - b for a, b in pairs], dtype=np.float64)
-
-
-def paired_bootstrap_lower_bound(
-    candidate: Sequence[float | None],
-    baseline: Sequence[float | None],
-    *,
-    confidence: float = 0.9,
-    n_boot: int = 2000,
-    seed: int = 0,
-) -> float | None:
-    """One-sided lower bound of mean(candidate - baseline) at ``confidence``.
-
-    Resamples the per-record differences (the pairing keeps record difficulty out of
-    the noise). None when no record was scored by both.
-
-    Example:
-        >>> round(paired_bootstrap_lower_bound([1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 0]), 3) < 0
-        True
-    """
-    _check(confidence, n_boot)
-    diffs = paired_diffs(candidate, baseline)
-    if diffs.size == 0:
-        return None
-    if np.all(diffs == diffs[0]):
-        return float(diffs[0])
-    return float(np.quantile(_boot_means(diffs, n_boot, seed), 1.0 - confidence))
