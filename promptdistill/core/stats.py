@@ -10,8 +10,8 @@ Records whose score is None in either list (a judge that could not score them) a
 left out of the pairs. Every function takes a ``seed``: same inputs, same bounds.
 
 Example:
-    >>> paired_bootstrap_lower_bound([1, 1, 0, 1], [1, 1, 0, 1])
-    0.0
+    >>> paired_diffs([1, None, 0], [0, 1, 0]).tolist()
+    [1.0, 0.0]
 """
 
 from __future__ import annotations
