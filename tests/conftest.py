@@ -10,13 +10,11 @@ import os
 
 import pytest
 
+from promptdistill.core.env import apply_defaults
+
 # Offline and quiet defaults, set before anything imports litellm, DSPy, Prefect or vLLM.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+apply_defaults()
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
@@ -47,26 +45,27 @@ def engine(model_dir):
 
 
 @pytest.fixture(scope="session")
-def ttft_model_dir(engine, tmp_path_factory):
-    """A TTFT model folder for the session engine: the project's when it has one for this
-    engine, else fitted once here from a short real profile (a few minutes at most)."""
-    from promptdistill.cli.optimize import find_ttft_model
-    from promptdistill.core.config import load_settings
-    from promptdistill.core.errors import PromptDistillError
-    from promptdistill.ttft import ProfileConfig, TTFTModel, fit_models, run_profile
+def ttft_model(engine):
+    """A TTFT model for the session engine, fitted here from a short real profile (a few
+    minutes at most), never read from the developer's artifacts."""
+    from promptdistill.ttft.fit import fit_models
+    from promptdistill.ttft.model import TTFTModel
+    from promptdistill.ttft.profile import ProfileConfig, run_profile
 
-    try:
-        path = find_ttft_model(None, load_settings().state_dir)
-        TTFTModel.load(path, engine_identity=engine.identity)
-        return path
-    except PromptDistillError:
-        pass
     # Short prompts (the optimizer's candidates have 200-600 tokens), no waiting for a quiet
     # CPU and no re-measuring: a small real model, fitted in bounded time on a shared machine.
     config = ProfileConfig(points=12, repeats=1, spec_records=0, density_probe_tokens=(), fewshot_probe=False,
                            warmup=1, budget_s=900.0, max_tokens=640, max_retries=0, quiet_wait_s=0)
     profile = run_profile(engine, config, progress=False)
-    fit = fit_models(profile.frame, n_splits=3, drop_contended=False)
-    root = tmp_path_factory.mktemp("ttft") / "models"
-    TTFTModel.from_fit(fit, profile.frame).save_versioned(root)
+    return TTFTModel.from_fit(fit_models(profile.frame, n_splits=3, drop_contended=False), profile.frame)
+
+
+@pytest.fixture(scope="session")
+def ttft_registry(ttft_model, tmp_path_factory):
+    """A registry root holding the session's TTFT model, where the benchmarks and the CLI look."""
+    from promptdistill.pipeline.ttft_models import publish_ttft_model
+    from promptdistill.registry.store import Registry
+
+    root = tmp_path_factory.mktemp("registry")
+    publish_ttft_model(Registry(str(root)), ttft_model)
     return root

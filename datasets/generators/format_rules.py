@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 
-from _common import assign_splits, main, unique
+from _common import TOTAL, assign_splits, main, unique
 
 SEED = 20240614
 DROPPED = {"the", "a", "an"}
@@ -58,7 +58,7 @@ def draw(r: random.Random) -> tuple[dict, dict]:
 
 def build() -> list[dict]:
     rng = random.Random(SEED)
-    return assign_splits("fr", unique(lambda: draw(rng), 180, "title"))
+    return assign_splits("fr", unique(lambda: draw(rng), TOTAL, "title"))
 
 
 if __name__ == "__main__":

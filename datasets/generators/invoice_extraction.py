@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from _common import assign_splits, main, unique
+from _common import TOTAL, assign_splits, main, unique
 
 SEED = 20240612
 VENDORS = [
@@ -74,7 +74,7 @@ def draw(rng: random.Random) -> tuple[dict, dict]:
 
 def build() -> list[dict]:
     rng = random.Random(SEED)
-    return assign_splits("inv", unique(lambda: draw(rng), 180, "document"))
+    return assign_splits("inv", unique(lambda: draw(rng), TOTAL, "document"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from _common import assign_splits, main, unique
+from _common import TOTAL, assign_splits, main, unique
 
 SEED = 20240615
 TEAMS = ["mobile team", "support team", "warehouse team", "marketing team", "data team", "finance team"]
@@ -87,7 +87,7 @@ def draw(r: random.Random) -> tuple[dict, dict]:
 
 def build() -> list[dict]:
     rng = random.Random(SEED)
-    return assign_splits("sum", unique(lambda: draw(rng), 180, "notes"))
+    return assign_splits("sum", unique(lambda: draw(rng), TOTAL, "notes"))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from _common import assign_splits, main, unique
+from _common import TOTAL, assign_splits, main, unique
 
 SEED = 20240611
 LABELS = ("billing", "technical", "account", "shipping")
@@ -118,7 +118,7 @@ def draw(rng: random.Random) -> tuple[dict, dict]:
 
 def build() -> list[dict]:
     rng = random.Random(SEED)
-    return assign_splits("tt", unique(lambda: draw(rng), 180, "ticket"))
+    return assign_splits("tt", unique(lambda: draw(rng), TOTAL, "ticket"))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from _common import assign_splits, main, unique
+from _common import TOTAL, assign_splits, main, unique
 
 SEED = 20240613
 NAMES = [("Sam", "he"), ("Maria", "she"), ("Leo", "he"), ("Aisha", "she"), ("Tom", "he"), ("Yuki", "she"), ("Ben", "he"), ("Nora", "she")]
@@ -72,7 +72,7 @@ def draw(r: random.Random) -> tuple[dict, dict]:
 
 def build() -> list[dict]:
     rng = random.Random(SEED)
-    return assign_splits("wp", unique(lambda: draw(rng), 180, "question"))
+    return assign_splits("wp", unique(lambda: draw(rng), TOTAL, "question"))
 
 
 if __name__ == "__main__":

