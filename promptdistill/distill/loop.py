@@ -305,9 +305,11 @@ class _Run:
 
     def held_out(self, winner: Candidate) -> dict[str, EvalReport]:
         """The original and the winner on the test records (calls reserved in the budget)."""
-        if not self.splits.test:
-            return {}
         cands = [self.original] if winner is self.original else [self.original, winner]
+        self.budget.release()
+        if not self.splits.test or not self.budget.afford(len(cands) * self.per_record * len(self.splits.test),
+                                                          "held-out test calls"):
+            return {}
         reports = self.evaluate(cands, self.splits.test)
         return {"original": reports[0], "winner": reports[-1]}
 

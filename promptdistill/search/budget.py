@@ -58,6 +58,11 @@ class Budget:
     def calls_left(self) -> int:
         return self.max_calls - self.reserved_calls - self.meter.calls
 
+    def release(self) -> None:
+        """The reserved steps are starting now: their calls are no longer held back."""
+        self.reserved_calls = 0
+        self.reserved_s = 0.0
+
     def affordable(self, n_items: int, calls_each: int, what: str) -> int:
         """How many of ``n_items`` steps of ``calls_each`` calls can still run (0 to ``n_items``).
 
