@@ -125,7 +125,7 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(tmp_path):
         assert state == "COMPLETED", f"flow run ended {state}\nworker log:\n{_tail(worker_log)}"
 
     # The flow run really published a TTFT model into this test's registry.
-    from promptdistill.pipeline import TTFT_ARTIFACT_KIND
+    from promptdistill.pipeline.ttft_models import TTFT_ARTIFACT_KIND
     from promptdistill.registry import Registry
 
     registry = Registry(tmp_path / "registry")

@@ -11,17 +11,18 @@ import pytest
 
 from promptdistill.cli import main
 from promptdistill.specs.datasets import dataset_for, records
+from promptdistill.specs.checks import layout_warnings
+from promptdistill.specs.load import load_spec
+from promptdistill.specs.model import ExamplesConfig, Spec
+from promptdistill.specs.prompt import examples_for, spec_messages
+from promptdistill.specs.text import count_clauses, semantic_density
 from promptdistill.ttft.features import (
     FEATURE_KEYS,
     cl100k_tokens,
-    count_clauses,
     features_from_messages,
-    layout_warnings,
     prompt_features,
-    semantic_density,
     token_entropy_bits,
 )
-from promptdistill.specs import ExamplesConfig, Spec, examples_for, load_spec, spec_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,10 +170,10 @@ def test_features_cli(tokenizer, model_dir, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["features", "ticket_triage", "--sample", "3", "--model", str(model_dir)]) == 0
     out = capsys.readouterr().out
-    assert "semantic_density" in out and "tt-0061" in out and "mean" in out
+    assert "semantic_density" in out and "tt-0101" in out and "mean" in out
     assert main(["features", "word_problems", "--sample", "2", "--model", str(model_dir), "--json", "--examples", "0"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["id"] for r in rows] == ["wp-0061", "wp-0062"] and all(r["fewshot_count"] == 0 for r in rows)
+    assert [r["id"] for r in rows] == ["wp-0101", "wp-0102"] and all(r["fewshot_count"] == 0 for r in rows)
 
 
 # --- layout ----------------------------------------------------------------------------------

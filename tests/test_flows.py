@@ -61,7 +61,7 @@ def workspace(tmp_path_factory, engine, model_dir):
 
 
 def _params(root: Path, specs: list[str]) -> dict:
-    from promptdistill.pipeline import budget_preset
+    from promptdistill.pipeline.budgets import budget_preset
 
     smoke = budget_preset("smoke")
     return dict(
@@ -70,7 +70,7 @@ def _params(root: Path, specs: list[str]) -> dict:
         # `minutes` is a cap: an idle machine measures the whole design (~30 requests) in
         # about a minute; a shared, busy one needs longer to reach the 10 prompts a fit
         # needs, and keeps rows measured under contention.
-        ttft_budget=smoke["ttft_budget"].model_copy(update={"points": 10, "minutes": 12.0, "keep_contended": True}),
+        ttft_budget=replace(smoke["ttft_budget"], points=10, minutes=12.0, keep_contended=True),
         distill=replace(smoke["distill"], max_minutes=1.0, max_lm_calls=40),
         budget=replace(smoke["budget"], max_minutes=1.0, max_lm_calls=80),
     )
@@ -90,7 +90,7 @@ def _artifacts() -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def first_night(harness, workspace):
-    from flows.nightly import nightly
+    from promptdistill.flows.nightly import nightly
 
     state = nightly(**_params(workspace, [SPEC]), return_state=True)
     return state, state.result(raise_on_failure=False)
@@ -98,7 +98,7 @@ def first_night(harness, workspace):
 
 def test_first_night_publishes_and_reports(first_night, workspace, engine):
     from promptdistill.client import Templates
-    from promptdistill.pipeline import TTFT_ARTIFACT_KIND
+    from promptdistill.pipeline.ttft_models import TTFT_ARTIFACT_KIND
     from promptdistill.pipeline.report import artifact_key
     from promptdistill.registry import Registry
 
@@ -123,7 +123,10 @@ def test_first_night_publishes_and_reports(first_night, workspace, engine):
     parts = {p.stem for p in (workspace / "registry" / "runs" / summary["run_id"]).glob("*.parquet")}
     assert {f"{SPEC}-candidates", f"{SPEC}-summary", "summary", "ttft-measurements"} <= parts
     log = registry.read_run_log(summary["run_id"], part=f"{SPEC}-candidates")
-    assert len(log) >= 1 and "quality" in log.columns
+    assert len(log) >= 1 and {"screen_quality", "verdict", "diff_lower"} <= set(log.columns)
+    # Prefect persisted the stages' results as JSON, never as pickles.
+    results = list((workspace / "state" / "prefect-results").glob("*"))
+    assert results and all(p.read_bytes().lstrip().startswith(b"{") for p in results if p.is_file())
 
     artifacts = _artifacts()
     assert {"nightly-summary", "nightly-report", artifact_key(SPEC, "candidates"), artifact_key(SPEC, "report"),
@@ -135,8 +138,8 @@ def test_first_night_publishes_and_reports(first_night, workspace, engine):
 
 
 def test_second_night_hits_the_cache_and_a_broken_spec_fails_alone(first_night, workspace):
-    from flows.nightly import nightly
-    from promptdistill.pipeline import SpecsFailedError
+    from promptdistill.flows.nightly import nightly
+    from promptdistill.pipeline.jobs import SpecsFailedError
     from promptdistill.registry import Registry
 
     _, first = first_night

@@ -11,7 +11,7 @@ import yaml
 from fakes import FakeEngine
 from promptdistill.core.errors import SpecError
 from promptdistill.judges.runner import JudgeRunner
-from promptdistill.judges.definitions import default_judges_dir, list_judges, load_judge
+from promptdistill.judges.definitions import BUILTIN_DIR, list_judges, load_judge
 
 REQUIRED = ["answer_equivalence", "clause_necessity", "distill_rewrite", "rubric_score"]
 
@@ -29,7 +29,7 @@ def test_every_required_judge_loads_and_validates():
 
 
 def _write(tmp_path: Path, name: str, **changes) -> Path:
-    data = yaml.safe_load((default_judges_dir() / "rubric_score.yaml").read_text())
+    data = yaml.safe_load((BUILTIN_DIR / "rubric_score.yaml").read_text())
     data["name"] = name
     data.update(changes)
     for key, value in list(data.items()):
@@ -63,12 +63,25 @@ def test_bad_definitions_name_the_file_and_field(tmp_path, changes, field):
 
 def test_unknown_judge_lists_the_known_ones(tmp_path):
     _write(tmp_path, "mine")
-    with pytest.raises(SpecError, match="known in .*: mine"):
+    with pytest.raises(SpecError, match=r"missing.yaml: no such judge definition \(known: .*mine"):
         load_judge("missing", tmp_path)
 
 
+def test_a_project_judge_overrides_the_built_in_of_the_same_name(tmp_path):
+    assert load_judge("rubric_score", tmp_path).source == str(BUILTIN_DIR / "rubric_score.yaml")
+    _write(tmp_path, "rubric_score", version=7)
+    mine = load_judge("rubric_score", tmp_path)
+    assert mine.version == 7 and mine.source == str(tmp_path / "rubric_score.yaml")
+    assert "answer_equivalence" in list_judges(tmp_path)  # the other built-ins are still there
+
+
+def test_built_in_judges_load_from_any_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no judges/ here: the package's own definitions answer
+    assert load_judge("answer_equivalence").source.startswith(str(BUILTIN_DIR))
+
+
 def test_name_must_match_the_file(tmp_path):
-    data = yaml.safe_load((default_judges_dir() / "rubric_score.yaml").read_text())
+    data = yaml.safe_load((BUILTIN_DIR / "rubric_score.yaml").read_text())
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match="other.yaml: name"):
         load_judge("other", tmp_path)

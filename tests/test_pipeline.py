@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from pydantic import ValidationError
 
-from promptdistill import pipeline, pipeline_engine, pipeline_glue, pipeline_report
+from promptdistill.pipeline import budgets, jobs, publish, report, session, ttft_models
 from promptdistill.core.config import EngineConfig
 from promptdistill.engine.base import EngineIdentity
 from promptdistill.core.errors import ModelIdentityError, SpecError, TemplateNotFoundError
@@ -47,7 +46,7 @@ def _measurements(identity: EngineIdentity = IDENTITY, n_prompts: int = 24, seed
 
 @pytest.fixture(scope="module")
 def fitted():
-    model, fit, _rows = pipeline_glue.fit_ttft_model(_measurements(), seed=0, source="synthetic.parquet")
+    model, fit, _rows = ttft_models.fit_ttft_model(_measurements(), seed=0, source="synthetic.parquet")
     return model, fit
 
 
@@ -68,7 +67,7 @@ def prompts(tmp_path):
 
 # ------------------------------------------------------------------- budgets
 def test_ttft_budget_maps_onto_the_profiler_config():
-    config = pipeline.TTFTBudget(points=5, repeats=1, spec_records=0, minutes=2, density_probe=False,
+    config = budgets.TTFTBudget(points=5, repeats=1, spec_records=0, minutes=2, density_probe=False,
                                  fewshot_probe=False).profile_config(prompts_dir="p", seed=3)
     assert (config.points, config.repeats, config.spec_records, config.budget_s) == (5, 1, 0, 120.0)
     assert config.density_probe_tokens == () and config.fewshot_probe is False
@@ -76,36 +75,36 @@ def test_ttft_budget_maps_onto_the_profiler_config():
 
 
 def test_ttft_budget_refuses_bad_values_and_unknown_fields():
-    with pytest.raises(ValidationError, match="minutes"):
-        pipeline.TTFTBudget(minutes=0)
-    with pytest.raises(ValidationError, match="repeats"):
-        pipeline.TTFTBudget(repeats=0)
-    with pytest.raises(ValidationError, match="point"):
-        pipeline.TTFTBudget(point=3)
+    with pytest.raises(ValueError, match="minutes must be positive, got 0"):
+        budgets.TTFTBudget(minutes=0)
+    with pytest.raises(ValueError, match="repeats must be at least 1, got 0"):
+        budgets.TTFTBudget(repeats=0)
+    with pytest.raises(TypeError, match="point"):
+        budgets.TTFTBudget(point=3)
 
 
 def test_task_timeout_exceeds_the_stages_own_limits():
-    assert pipeline.task_timeout_s(2.0, 3.0) > 5 * 60
+    assert budgets.task_timeout_s(2.0, 3.0) > 5 * 60
 
 
 # --------------------------------------------------------------- spec jobs
 def test_select_spec_files_all_or_named(prompts):
-    assert [p.stem for p in pipeline.select_spec_files(prompts)] == ["summarize", "ticket_triage"]
-    assert [p.stem for p in pipeline.select_spec_files(prompts, ["ticket_triage"])] == ["ticket_triage"]
+    assert [p.stem for p in jobs.select_spec_files(prompts)] == ["summarize", "ticket_triage"]
+    assert [p.stem for p in jobs.select_spec_files(prompts, ["ticket_triage"])] == ["ticket_triage"]
 
 
 def test_select_spec_files_names_the_unknown_and_the_known(prompts, tmp_path):
     with pytest.raises(SpecError, match=r"no spec named 'nope'.*known: summarize, ticket_triage"):
-        pipeline.select_spec_files(prompts, ["ticket_triage", "nope"])
+        jobs.select_spec_files(prompts, ["ticket_triage", "nope"])
     with pytest.raises(SpecError, match="prompts folder not found"):
-        pipeline.select_spec_files(tmp_path / "missing")
+        jobs.select_spec_files(tmp_path / "missing")
 
 
 def test_prepare_job_hashes_spec_and_dataset(prompts):
     from promptdistill.specs.datasets import dataset_hash
     from promptdistill.specs import load_spec
 
-    job = pipeline.prepare_job(prompts / "ticket_triage.yaml")
+    job = jobs.prepare_job(prompts / "ticket_triage.yaml")
     spec = load_spec(prompts / "ticket_triage.yaml")
     assert job.name == "ticket_triage"
     assert job.spec_hash == spec.spec_hash()
@@ -115,77 +114,77 @@ def test_prepare_job_hashes_spec_and_dataset(prompts):
 def test_prepare_job_names_the_missing_dataset(prompts):
     (prompts.parent / "datasets" / "summarize.jsonl").unlink()
     with pytest.raises(SpecError, match=r"summarize\.yaml: dataset: .*not found.*summarize\.jsonl"):
-        pipeline.prepare_job(prompts / "summarize.yaml")
+        jobs.prepare_job(prompts / "summarize.yaml")
 
 
 def test_work_key_depends_on_exactly_what_determines_the_result(prompts):
     from promptdistill.optimize import OptimizeBudget, SelectionRule
 
-    job = pipeline.prepare_job(prompts / "ticket_triage.yaml")
+    job = jobs.prepare_job(prompts / "ticket_triage.yaml")
     base = dict(engine_key="e1", seed=0, budget=OptimizeBudget(), selection=SelectionRule(), ttft_model="t1")
-    key = pipeline.work_key("optimize", job, **base)
+    key = jobs.work_key("optimize", job, **base)
     assert key.startswith("optimize-")
-    assert key == pipeline.work_key("optimize", pipeline.prepare_job(prompts / "ticket_triage.yaml"), **base)
+    assert key == jobs.work_key("optimize", jobs.prepare_job(prompts / "ticket_triage.yaml"), **base)
     variants = [
-        pipeline.work_key("distill", job, **base),
-        pipeline.work_key("optimize", pipeline.SpecJob(**{**job.__dict__, "spec_hash": "x"}), **base),
-        pipeline.work_key("optimize", pipeline.SpecJob(**{**job.__dict__, "dataset_hash": "x"}), **base),
-        pipeline.work_key("optimize", job, **{**base, "engine_key": "e2"}),
-        pipeline.work_key("optimize", job, **{**base, "budget": OptimizeBudget(max_lm_calls=7)}),
-        pipeline.work_key("optimize", job, **{**base, "selection": SelectionRule(ttft="cold")}),
-        pipeline.work_key("optimize", job, **{**base, "seed": 1}),
-        pipeline.work_key("optimize", job, **{**base, "ttft_model": "t2"}),
-        pipeline.work_key("optimize", job, **base, distill={"max_rounds": 1}),
+        jobs.work_key("distill", job, **base),
+        jobs.work_key("optimize", jobs.SpecJob(**{**job.__dict__, "spec_hash": "x"}), **base),
+        jobs.work_key("optimize", jobs.SpecJob(**{**job.__dict__, "dataset_hash": "x"}), **base),
+        jobs.work_key("optimize", job, **{**base, "engine_key": "e2"}),
+        jobs.work_key("optimize", job, **{**base, "budget": OptimizeBudget(max_lm_calls=7)}),
+        jobs.work_key("optimize", job, **{**base, "selection": SelectionRule(ttft="cold")}),
+        jobs.work_key("optimize", job, **{**base, "seed": 1}),
+        jobs.work_key("optimize", job, **{**base, "ttft_model": "t2"}),
+        jobs.work_key("optimize", job, **base, distill={"max_rounds": 1}),
     ]
     assert len({key, *variants}) == len(variants) + 1
     # The spec file's location is not part of it: only content counts.
-    moved = pipeline.SpecJob(**{**job.__dict__, "path": "/elsewhere/ticket_triage.yaml"})
-    assert pipeline.work_key("optimize", moved, **base) == key
+    moved = jobs.SpecJob(**{**job.__dict__, "path": "/elsewhere/ticket_triage.yaml"})
+    assert jobs.work_key("optimize", moved, **base) == key
 
 
 def test_settings_key_reduces_dataclasses_and_models_to_json():
     from promptdistill.optimize import OptimizeBudget
 
-    assert pipeline.settings_key(OptimizeBudget(fewshot_counts=(0, 2)))["fewshot_counts"] == [0, 2]
-    assert pipeline.settings_key(pipeline.TTFTBudget(points=3))["points"] == 3
-    assert pipeline.settings_key({"x": float("nan")}) == {"x": None}
-    assert pipeline.settings_key(None) is None
+    assert jobs.settings_key(OptimizeBudget(fewshot_counts=(0, 2)))["fewshot_counts"] == [0, 2]
+    assert jobs.settings_key(budgets.TTFTBudget(points=3))["points"] == 3
+    assert jobs.settings_key({"x": float("nan")}) == {"x": None}
+    assert jobs.settings_key(None) is None
 
 
 # --------------------------------------------------------------- TTFT model
 def test_ttft_status_missing_then_fresh_then_stale(registry, fitted):
     model, _ = fitted
-    status = pipeline.ttft_status(registry, IDENTITY, max_age_hours=24)
+    status = ttft_models.ttft_status(registry, IDENTITY, max_age_hours=24)
     assert status.needs_refresh and "no TTFT model" in status.reason and status.version is None
 
-    record = pipeline.publish_ttft_model(registry, model)
+    record = ttft_models.publish_ttft_model(registry, model)
     fitted_at = datetime.fromisoformat(model.fitted_at)
-    fresh = pipeline.ttft_status(registry, IDENTITY, max_age_hours=24, now=fitted_at + timedelta(hours=2))
+    fresh = ttft_models.ttft_status(registry, IDENTITY, max_age_hours=24, now=fitted_at + timedelta(hours=2))
     assert not fresh.needs_refresh and fresh.version == record.version and fresh.model_version == model.version
-    stale = pipeline.ttft_status(registry, IDENTITY, max_age_hours=24, now=fitted_at + timedelta(hours=25))
+    stale = ttft_models.ttft_status(registry, IDENTITY, max_age_hours=24, now=fitted_at + timedelta(hours=25))
     assert stale.needs_refresh and "25.0 h old (limit 24 h)" in stale.reason
-    assert not pipeline.ttft_status(registry, IDENTITY, max_age_hours=None, now=fitted_at + timedelta(days=900)).needs_refresh
+    assert not ttft_models.ttft_status(registry, IDENTITY, max_age_hours=None, now=fitted_at + timedelta(days=900)).needs_refresh
 
     other = EngineIdentity(**{**IDENTITY.to_dict(), "dtype": "bfloat16"})
-    assert pipeline.ttft_status(registry, other, max_age_hours=None).needs_refresh
+    assert ttft_models.ttft_status(registry, other, max_age_hours=None).needs_refresh
 
 
 def test_ttft_model_round_trips_through_the_registry(registry, fitted):
     model, _ = fitted
-    pipeline.publish_ttft_model(registry, model)
-    loaded = pipeline.load_ttft_model(registry, IDENTITY)
+    ttft_models.publish_ttft_model(registry, model)
+    loaded = ttft_models.load_ttft_model(registry, IDENTITY)
     features = {"uncached_tokens": 500, "cached_tokens": 0, "fewshot_count": 2, "semantic_density": 0.5, "entropy_bits": 9.0}
     assert loaded.version == model.version
     assert loaded.predict(features) == model.predict(features)
     other = EngineIdentity(**{**IDENTITY.to_dict(), "hardware": "gpu"})
     with pytest.raises(TemplateNotFoundError, match="no TTFT model for engine .*profile-ttft"):
-        pipeline.load_ttft_model(registry, other)
+        ttft_models.load_ttft_model(registry, other)
 
 
 def test_ttft_metadata_is_json_even_with_undefined_scores(registry, fitted):
     model, _ = fitted
     model.metrics = {**model.metrics, "cv": {"linear": {"r2": float("nan"), "mape": np.float64(0.1)}}}
-    record = pipeline.publish_ttft_model(registry, model)
+    record = ttft_models.publish_ttft_model(registry, model)
     assert record.metadata["metrics"]["cv"]["linear"] == {"r2": None, "mape": 0.1}
 
 
@@ -195,9 +194,9 @@ def test_fit_reads_the_engine_identity_from_the_frame(fitted):
     assert model.name == fit.chosen
     with pytest.raises(ValueError, match="2 engine identities"):
         mixed = pd.concat([_measurements(), _measurements(EngineIdentity(**{**IDENTITY.to_dict(), "model": "n"}))])
-        pipeline_glue.fit_ttft_model(mixed)
+        ttft_models.fit_ttft_model(mixed)
     with pytest.raises(ValueError, match="no engine_key column"):
-        pipeline_glue.fit_ttft_model(_measurements().drop(columns=["engine_key"]))
+        ttft_models.fit_ttft_model(_measurements().drop(columns=["engine_key"]))
     with pytest.raises(ModelIdentityError):
         model.predict({"uncached_tokens": 1, "cached_tokens": 0, "fewshot_count": 0, "semantic_density": 0.5,
                        "entropy_bits": 1.0}, engine_identity=EngineIdentity(**{**IDENTITY.to_dict(), "model": "n"}))
@@ -217,7 +216,7 @@ def test_fit_reads_the_engine_identity_from_the_frame(fitted):
     ],
 )
 def test_promotion_needs_a_passing_gate_and_permission(gate, allow, has_production, kept_baseline, labels, words):
-    decision = pipeline.promotion(gate, allow, gate_reason="why", has_production=has_production, kept_baseline=kept_baseline)
+    decision = publish.promotion(gate, allow, gate_reason="why", has_production=has_production, kept_baseline=kept_baseline)
     assert decision.labels == labels
     assert words in decision.reason and "why" in decision.reason
 
@@ -227,23 +226,23 @@ CONTENT = {"name": "t", "system": "Answer.", "user": "Q: {q}", "inputs": ["q"], 
 
 
 def test_publish_once_is_idempotent_per_run_key(registry):
-    first, created = pipeline.publish_once(registry, "t", CONTENT, run_key="k1", labels=["candidate"])
+    first, created = publish.publish_once(registry, "t", CONTENT, run_key="k1", labels=["candidate"])
     assert created and first.version == 1 and first.provenance["run_key"] == "k1"
-    again, created = pipeline.publish_once(registry, "t", CONTENT, run_key="k1", labels=["candidate", "production"])
+    again, created = publish.publish_once(registry, "t", CONTENT, run_key="k1", labels=["candidate", "production"])
     assert not created and again.version == 1
     assert registry.labels("t") == {"candidate": 1, "production": 1}  # a label it never had is set
-    other, created = pipeline.publish_once(registry, "t", {**CONTENT, "system": "Answer briefly."}, run_key="k2",
+    other, created = publish.publish_once(registry, "t", {**CONTENT, "system": "Answer briefly."}, run_key="k2",
                                            labels=["candidate"])
     assert created and other.version == 2 and other.parent == 1  # parent: the production version
     assert registry.labels("t") == {"candidate": 2, "production": 1}
 
 
 def test_publish_once_respects_a_rollback_on_rerun(registry):
-    pipeline.publish_once(registry, "t", CONTENT, run_key="k1", labels=["candidate", "production"])
-    pipeline.publish_once(registry, "t", {**CONTENT, "system": "Answer briefly."}, run_key="k2",
+    publish.publish_once(registry, "t", CONTENT, run_key="k1", labels=["candidate", "production"])
+    publish.publish_once(registry, "t", {**CONTENT, "system": "Answer briefly."}, run_key="k2",
                           labels=["candidate", "production"])
     registry.rollback("t", "production", reason="v2 misbehaves")
-    record, created = pipeline.publish_once(registry, "t", {**CONTENT, "system": "Answer briefly."}, run_key="k2",
+    record, created = publish.publish_once(registry, "t", {**CONTENT, "system": "Answer briefly."}, run_key="k2",
                                             labels=["candidate", "production"])
     assert not created and record.version == 2
     assert registry.labels("t") == {"candidate": 2, "production": 1}
@@ -262,37 +261,37 @@ SERVER = EngineConfig(backend="server", server_urls=("http://a/v1", "http://b/v1
 
 def test_engine_session_creates_once_and_closes_what_it_created(monkeypatch):
     created = []
-    monkeypatch.setattr("promptdistill.engine.load_engine", lambda config: created.append(config) or _ClosingFake())
+    monkeypatch.setattr("promptdistill.pipeline.session.load_engine", lambda config: created.append(config) or _ClosingFake())
     _ClosingFake.closed = 0
-    with pipeline_engine.engine_session(SERVER) as engine:
-        assert pipeline_engine.shared_engine(SERVER) is engine  # tasks get the same one
+    with session.engine_session(SERVER) as engine:
+        assert session.shared_engine(SERVER) is engine  # tasks get the same one
     assert len(created) == 1 and _ClosingFake.closed == 1
-    with pipeline_engine.engine_session(SERVER) as again:
+    with session.engine_session(SERVER) as again:
         assert again is not engine  # closed engines are not handed out again
     assert len(created) == 2
 
 
 def test_engine_session_never_closes_an_adopted_engine(monkeypatch):
-    monkeypatch.setattr("promptdistill.engine.load_engine", lambda config: pytest.fail("must not create"))
+    monkeypatch.setattr("promptdistill.pipeline.session.load_engine", lambda config: pytest.fail("must not create"))
     mine = _ClosingFake()
     _ClosingFake.closed = 0
-    pipeline_engine.adopt_engine(mine, SERVER)
+    session.adopt_engine(mine, SERVER)
     try:
-        with pipeline_engine.engine_session(SERVER) as engine:
+        with session.engine_session(SERVER) as engine:
             assert engine is mine
         assert _ClosingFake.closed == 0
     finally:
-        assert pipeline_engine.forget_engine(SERVER) is mine
+        assert session.forget_engine(SERVER) is mine
 
 
 def test_engine_limit_is_per_host_for_local_and_per_endpoint_for_servers():
-    name, slots = pipeline_engine.engine_limit(EngineConfig(), IDENTITY)
+    name, slots = session.engine_limit(EngineConfig(), IDENTITY)
     assert slots == 1 and name.startswith(f"promptdistill-engine-{IDENTITY.key()}-")
-    assert pipeline_engine.engine_limit(SERVER, IDENTITY) == (f"promptdistill-engine-{IDENTITY.key()}", 2)
+    assert session.engine_limit(SERVER, IDENTITY) == (f"promptdistill-engine-{IDENTITY.key()}", 2)
 
 
 def test_specs_failed_error_keeps_the_summary_through_pickling():
-    err = pickle.loads(pickle.dumps(pipeline.SpecsFailedError("1 of 2 specs failed: a", {"failed": ["a"]})))
+    err = pickle.loads(pickle.dumps(jobs.SpecsFailedError("1 of 2 specs failed: a", {"failed": ["a"]})))
     assert str(err) == "1 of 2 specs failed: a" and err.summary == {"failed": ["a"]}
 
 
@@ -305,36 +304,36 @@ FIGURES = {"tokens_before": 410, "tokens_after": 190, "ttft_ms_before": 620.0, "
 
 
 def test_summary_rows_have_fixed_columns_and_refuse_unknown_ones():
-    row = pipeline_report.summary_row("t", FIGURES, version=3, labels=["candidate", "production"], cached=True)
-    assert tuple(row) == pipeline_report.SUMMARY_COLUMNS
+    row = report.summary_row("t", FIGURES, version=3, labels=["candidate", "production"], cached=True)
+    assert tuple(row) == report.SUMMARY_COLUMNS
     assert row["labels"] == "candidate,production" and row["status"] == "optimized" and row["cached"] is True
     with pytest.raises(KeyError, match="unknown column.*tokens_befor"):
-        pipeline_report.summary_row("t", {"tokens_befor": 1})
-    failed = pipeline_report.failed_row("u", "SpecError: bad")
+        report.summary_row("t", {"tokens_befor": 1})
+    failed = report.failed_row("u", "SpecError: bad")
     assert failed["status"] == "failed" and failed["tokens_before"] is None
-    frame = pipeline_report.summary_frame([row, failed])
-    assert list(frame.columns) == list(pipeline_report.SUMMARY_COLUMNS) and len(frame) == 2
+    frame = report.summary_frame([row, failed])
+    assert list(frame.columns) == list(report.SUMMARY_COLUMNS) and len(frame) == 2
 
 
 def test_summary_table_shows_before_after_and_failures():
-    rows = [pipeline_report.summary_row("ticket_triage", FIGURES, version=3, labels=["candidate"]),
-            pipeline_report.failed_row("summarize", "SpecError: prompts/summarize.yaml: dataset: missing")]
-    text = pipeline_report.format_summary_table(rows)
+    rows = [report.summary_row("ticket_triage", FIGURES, version=3, labels=["candidate"]),
+            report.failed_row("summarize", "SpecError: prompts/summarize.yaml: dataset: missing")]
+    text = report.format_summary_table(rows)
     assert "410 -> 190" in text and "620 -> 380" in text and "0.800 -> 0.820" in text
     assert "ticket_triage:3 (candidate)" in text
     assert "summarize: FAILED: SpecError: prompts/summarize.yaml" in text
 
 
 def test_markdown_reports(tmp_path):
-    row = pipeline_report.summary_row("ticket_triage", FIGURES, version=3, labels=["candidate"], promotion="gate passed")
+    row = report.summary_row("ticket_triage", FIGURES, version=3, labels=["candidate"], promotion="gate passed")
     png = tmp_path / "p.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 100)
-    spec_md = pipeline_report.spec_report_markdown(row, plots={"Pareto front": png})
+    spec_md = report.spec_report_markdown(row, plots={"Pareto front": png})
     assert "| prompt tokens | 410 | 190 |" in spec_md and "0.800 [0.700, 0.900]" in spec_md
     assert "| valid-JSON rate | 90.0% | 100.0% |" in spec_md and "321 LM calls" in spec_md
     assert "![Pareto front](data:image/png;base64," in spec_md
-    night = pipeline_report.nightly_report_markdown(
-        [row, pipeline_report.failed_row("summarize", "boom")], ttft={"reason": "fresh"}, run_id="r1", registry_root="reg")
+    night = report.nightly_report_markdown(
+        [row, report.failed_row("summarize", "boom")], ttft={"reason": "fresh"}, run_id="r1", registry_root="reg")
     assert "1 of 2 specs done, 1 failed." in night and "- **summarize**: boom" in night
     assert "`ticket_triage:3` labels: candidate" in night
 
@@ -342,25 +341,25 @@ def test_markdown_reports(tmp_path):
 def test_image_markdown_links_big_or_missing_images(tmp_path):
     big = tmp_path / "big.png"
     big.write_bytes(b"0" * 2048)
-    assert pipeline_report.image_markdown(big, "plot", max_bytes=1024) == f"plot: `{big}` (2 KiB)"
-    assert "not produced" in pipeline_report.image_markdown(tmp_path / "none.png", "plot")
+    assert report.image_markdown(big, "plot", max_bytes=1024) == f"plot: `{big}` (2 KiB)"
+    assert "not produced" in report.image_markdown(tmp_path / "none.png", "plot")
 
 
 def test_artifact_keys_are_prefect_safe():
-    assert pipeline_report.artifact_key("ticket_triage", "Candidates") == "ticket-triage-candidates"
-    assert pipeline_report.artifact_key("ttft-model", "ab12", "report") == "ttft-model-ab12-report"
+    assert report.artifact_key("ticket_triage", "Candidates") == "ticket-triage-candidates"
+    assert report.artifact_key("ttft-model", "ab12", "report") == "ttft-model-ab12-report"
     with pytest.raises(ValueError):
-        pipeline_report.artifact_key("__", "")
+        report.artifact_key("__", "")
 
 
 def test_ttft_report_markdown(tmp_path, registry, fitted):
     model, fit = fitted
-    record = pipeline.publish_ttft_model(registry, model)
-    rows = pipeline_report.ttft_score_rows(fit)
+    record = ttft_models.publish_ttft_model(registry, model)
+    rows = report.ttft_score_rows(fit)
     assert rows[0]["model"] == fit.chosen and rows[0]["chosen"] and {"cv_mape", "heldout_mape"} <= set(rows[0])
     png = tmp_path / "fit.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 100)
-    md = pipeline_report.ttft_report_markdown(model, fit, record, {"fit": png})
+    md = report.ttft_report_markdown(model, fit, record, {"fit": png})
     assert f"chosen: **{model.name}**" in md and IDENTITY.key() in md and "data:image/png;base64," in md
 
 
@@ -368,11 +367,11 @@ def test_fit_keeps_contended_rows_only_when_too_few_prompts_remain(monkeypatch):
     frame = _measurements(n_prompts=12)
     # The profiler's contention flag, whatever it is computed from: 4 prompts uncontended.
     monkeypatch.setattr("promptdistill.ttft.fit.flag_contended", lambda df, **_: pd.Series(df.index >= 8, index=df.index))
-    model, fit, _ = pipeline_glue.fit_ttft_model(frame)
+    model, fit, _ = ttft_models.fit_ttft_model(frame)
     assert "fitted on every row" in model.training["contended_rows_kept"]
     assert fit.rows["rows_contended"] == 0
     with pytest.raises(ValueError, match="distinct prompts"):
-        pipeline_glue.fit_ttft_model(frame.iloc[:8], keep_contended=True)
+        ttft_models.fit_ttft_model(frame.iloc[:8], keep_contended=True)
 
 
 # ---------------------------------------------------------------- presets, CLI
@@ -380,14 +379,14 @@ def test_budget_presets_build_the_flow_parameters():
     from promptdistill.distill import DistillConfig
     from promptdistill.optimize import OptimizeBudget
 
-    for name in pipeline.BUDGET_PRESETS:
-        preset = pipeline.budget_preset(name)
-        assert isinstance(preset["ttft_budget"], pipeline.TTFTBudget)
+    for name in budgets.BUDGET_PRESETS:
+        preset = budgets.budget_preset(name)
+        assert isinstance(preset["ttft_budget"], budgets.TTFTBudget)
         assert isinstance(preset["distill"], DistillConfig) and isinstance(preset["budget"], OptimizeBudget)
-    smoke, quick = pipeline.budget_preset("smoke"), pipeline.budget_preset("quick")
+    smoke, quick = budgets.budget_preset("smoke"), budgets.budget_preset("quick")
     assert smoke["budget"].max_lm_calls < quick["budget"].max_lm_calls < OptimizeBudget().max_lm_calls
     with pytest.raises(ValueError, match="unknown budget preset 'huge'; known: smoke, quick, full"):
-        pipeline.budget_preset("huge")
+        budgets.budget_preset("huge")
 
 
 def test_nightly_command_line():
@@ -402,9 +401,9 @@ def test_nightly_command_line():
 def test_ttft_figures_travel_with_the_model(registry, fitted, tmp_path):
     model, _ = fitted
     png = b"\x89PNG\r\n\x1a\n" + b"1" * 50
-    pipeline.publish_ttft_model(registry, model, figures={"pred_vs_measured": png})
-    assert pipeline.load_ttft_model(registry, IDENTITY).version == model.version  # extra files do not disturb loading
-    path = pipeline.ttft_figure(registry, IDENTITY.key(), model.version, "pred_vs_measured", tmp_path)
+    ttft_models.publish_ttft_model(registry, model, figures={"pred_vs_measured": png})
+    assert ttft_models.load_ttft_model(registry, IDENTITY).version == model.version  # extra files do not disturb loading
+    path = ttft_models.ttft_figure(registry, IDENTITY.key(), model.version, "pred_vs_measured", tmp_path)
     assert path is not None and path.read_bytes() == png
-    assert pipeline.ttft_figure(registry, IDENTITY.key(), model.version, "residuals", tmp_path) is None
-    assert pipeline.ttft_figure(registry, IDENTITY.key(), "other-version", "pred_vs_measured", tmp_path) is None
+    assert ttft_models.ttft_figure(registry, IDENTITY.key(), model.version, "residuals", tmp_path) is None
+    assert ttft_models.ttft_figure(registry, IDENTITY.key(), "other-version", "pred_vs_measured", tmp_path) is None

@@ -13,7 +13,8 @@ import pytest
 from test_ttft_models import synthetic  # noqa: E402 - tests/ is on sys.path (see fakes imports)
 
 from promptdistill.cli import main
-from promptdistill.ttft import TTFTModel
+from promptdistill.pipeline.ttft_models import TTFT_ARTIFACT_KIND, load_ttft_model
+from promptdistill.registry.store import Registry
 
 
 @pytest.fixture()
@@ -31,17 +32,23 @@ def profile_dir(tmp_path):
     return folder
 
 
-def test_fit_saves_a_versioned_model_and_report_writes_markdown_and_figures(profile_dir, tmp_path, capsys):
-    models = tmp_path / "models"
-    assert main(["ttft", "fit", "--profiles", str(profile_dir), "--out", str(models)]) == 0
+def test_fit_publishes_to_the_registry_and_report_writes_markdown_and_figures(profile_dir, tmp_path, capsys,
+                                                                               monkeypatch):
+    monkeypatch.setenv("PROMPTDISTILL_REGISTRY", str(tmp_path / "registry"))
+    assert main(["ttft", "fit", "--profiles", str(profile_dir), "--report-dir", str(tmp_path / "fit-report")]) == 0
     summary = json.loads(capsys.readouterr().out)
-    model = TTFTModel.load(models)
-    assert summary["version"] == model.version == (models / "LATEST").read_text().strip()
-    assert summary["heldout_mape"] < 0.1
+    registry = Registry(str(tmp_path / "registry"))
+    (engine_key,) = registry.artifact_names(TTFT_ARTIFACT_KIND)
+    identity = registry.get_artifact(TTFT_ARTIFACT_KIND, engine_key).metadata["engine_identity"]
+    from promptdistill.engine.base import EngineIdentity
+
+    model = load_ttft_model(registry, EngineIdentity.from_dict(identity))  # where optimize and the nightly look
+    assert summary["version"] == model.version and summary["engine_key"] == engine_key
+    assert summary["artifact"] == f"ttft-model/{engine_key}:1" and summary["heldout_mape"] < 0.1
+    assert (tmp_path / "fit-report" / model.version / "report.md").is_file()
 
     report_dir = tmp_path / "report"
-    assert main(["ttft", "report", "--profiles", str(profile_dir), "--out", str(report_dir), "--n-boot", "50",
-                 "--model", str(models)]) == 0
+    assert main(["ttft", "report", "--profiles", str(profile_dir), "--out", str(report_dir), "--n-boot", "50"]) == 0
     text = (report_dir / "report.md").read_text()
     for png in ("pred_vs_measured.png", "ttft_vs_uncached.png", "residuals.png", "density_partial.png"):
         assert (report_dir / png).read_bytes().startswith(b"\x89PNG"), png

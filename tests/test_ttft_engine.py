@@ -78,21 +78,24 @@ def test_fitted_model_is_monotonic_in_uncached_tokens_over_the_measured_range(pr
         assert np.all(np.diff(predicted) >= -0.01)
 
 
-def test_saved_model_round_trips_exactly_and_other_engines_are_refused(profile, engine, tmp_path):
+def test_stored_model_round_trips_exactly_and_other_engines_are_refused(profile, engine, tmp_path):
+    from promptdistill.pipeline.ttft_models import load_ttft_model, publish_ttft_model
+    from promptdistill.registry.store import Registry
+
     fit = fit_models(profile.frame, drop_contended=False, n_splits=3)
     model = TTFTModel.from_fit(fit, profile.frame)
-    model.save_versioned(tmp_path)
-    loaded = TTFTModel.load(tmp_path, engine_identity=engine.identity)
+    registry = Registry(str(tmp_path / "registry"))
+    publish_ttft_model(registry, model)
+    loaded = load_ttft_model(registry, engine.identity)
     assert np.array_equal(loaded.predict_frame(profile.frame), model.predict_frame(profile.frame))
-    assert json.loads((tmp_path / model.version / "model.json").read_text())["engine_key"] == engine.identity.key()
+    assert json.loads(model.to_files()["model.json"])["engine_key"] == engine.identity.key()
 
     other = dataclasses.replace(model, engine_identity=dataclasses.replace(engine.identity, hardware="another machine"))
     row = profile.frame.iloc[0].to_dict()
     with pytest.raises(ModelIdentityError, match="hardware"):
         other.predict(row, engine_identity=engine.identity)
-    other.save(tmp_path / "other")
     with pytest.raises(ModelIdentityError):
-        TTFTModel.load(tmp_path / "other", engine_identity=engine.identity)
+        TTFTModel.from_files(other.to_files()).check_engine(engine.identity)
 
 
 def test_budget_stops_cleanly_and_keeps_what_was_measured(engine, tmp_path):

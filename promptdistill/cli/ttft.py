@@ -154,8 +154,11 @@ def _fit_table(fit: object) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from promptdistill.ttft.fit import engine_rows, fit_models
-    from promptdistill.ttft.model import TTFTModel
+    from promptdistill.core.config import load_settings
+    from promptdistill.core.errors import TemplateNotFoundError
+    from promptdistill.pipeline.ttft_models import load_ttft_model
+    from promptdistill.registry.store import Registry
+    from promptdistill.ttft.fit import engine_rows, fit_models, identity_of
     from promptdistill.ttft.report import build_report
 
     try:
@@ -164,7 +167,10 @@ def _report(args: argparse.Namespace) -> int:
         fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
     except ValueError as e:
         return _fail(e)
-    version = TTFTModel.from_fit(fit, df).version
+    try:  # name the model this engine's runs use, if one was published
+        version = load_ttft_model(Registry(load_settings(args.config).registry), identity_of(df)).version
+    except TemplateNotFoundError:
+        version = None
     path = build_report(df, args.out, fit=fit, n_boot=args.n_boot, seed=args.seed, model_version=version,
                         drop_contended=not args.keep_contended)
     print(path)

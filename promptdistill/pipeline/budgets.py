@@ -39,8 +39,11 @@ class TTFTBudget:
     out; keep them on a machine that is never idle)."""
 
     def __post_init__(self) -> None:
-        if self.points < 0 or self.repeats < 1 or self.spec_records < 0 or self.minutes <= 0:
-            raise ValueError(f"TTFTBudget: points >= 0, repeats >= 1, spec_records >= 0 and minutes > 0, got {self}")
+        for name, low in (("points", 0), ("repeats", 1), ("spec_records", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"TTFTBudget: {name} must be at least {low}, got {getattr(self, name)}.")
+        if not self.minutes > 0:
+            raise ValueError(f"TTFTBudget: minutes must be positive, got {self.minutes}.")
 
     def profile_config(self, *, prompts_dir: str | Path = "prompts", seed: int = 0) -> ProfileConfig:
         """The profiler's ``ProfileConfig`` for this budget."""
