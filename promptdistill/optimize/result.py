@@ -131,11 +131,11 @@ class OptimizationResult:
             mark = "*" if r.is_winner else ("B" if r.is_baseline else ("F" if r.finalist else " "))
             bounds = "" if r.diff_lower is None or r.diff_lower != r.diff_lower else \
                 f"[{_num(r.diff_lower, '+.2f')},{_num(r.diff_upper, '+.2f')}]"
-            why = r.decision if r.decision else r.notes
+            why = r.decision or r.notes or r.verdict
             lines.append(f"{mark} {r.candidate_id[:28]:<28} {r.strategy:<8} {r.k:>2} {_num(r.semantic_density, '.2f'):>5} "
                          f"{_num(r.total_tokens, '.0f'):>5} {_num(r.ttft_cold_ms, '.0f'):>6} {_num(r.ttft_warm_ms, '.0f'):>6} "
                          f"{_num(r.screen_quality, '.2f'):>5} {r.race_n:>4} {_num(r.quality):>7} {bounds:>15}  "
-                         f"{r.verdict}: {why[:70]}")
+                         f"{why[:90]}")
         lines += ["  (* winner, B baseline, F finalist; cold/warm: predicted TTFT in ms; scr: screen quality; "
                   "n, quality: certify records raced; bounds: anytime-valid bounds on the difference from the baseline)",
                   f"  expected TTFT: {self.warm_share:.0%} of requests warm ({self.warm_share_source}); predictions "

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cmp_to_key
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -197,9 +198,12 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
     _evaluate(todo[:can], records, "screen", evaluate)
     if baseline.screen is None:
         return []
-    ranked = sorted((c for c in candidates if c.screen is not None and c.screen.n >= len(records)),
-                    key=lambda c: _screen_rank(c, baseline, settings.margin, resolution))
-    finalists = [c for c in ranked if _screen_rank(c, baseline, settings.margin, resolution)[0] == 0]
+    screened = [c for c in candidates if c.screen is not None and c.screen.n >= len(records)]
+    tiers = {id(c): _screen_tier(c, baseline, settings.margin, resolution) for c in screened}
+    finalists = sorted((c for c in screened if tiers[id(c)] == 0),
+                       key=cmp_to_key(lambda a, b: _cheaper_first(a, b, baseline, resolution)))
+    ranked = finalists + sorted((c for c in screened if tiers[id(c)] > 0),
+                                key=lambda c: (tiers[id(c)], -_screen_diff(c, baseline), c.id))
     for cand in ranked:
         if cand not in finalists:
             cand.notes.append(_screen_note(cand, baseline, settings.margin, resolution))
@@ -209,12 +213,27 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
     return finalists[:limit]
 
 
-def _screen_rank(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> tuple:
+def _screen_diff(cand: Candidate, base: Candidate) -> float:
     diff = paired_mean(cand.screen, base.screen) if cand.screen is not None and base.screen is not None else None
-    plausible = diff is not None and diff >= -margin - 1e-12
-    useful = can_beat(cand, base, resolution)
-    tier = 0 if plausible and useful else 1 if useful else 2
-    return (tier, cand.cost if tier == 0 else 0.0, -(diff if diff is not None else -2.0), cand.id)
+    return -2.0 if diff is None else diff
+
+
+def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> int:
+    """0: plausible and able to beat the baseline; 1: could beat it but looks worse; 2: cannot beat it."""
+    if not can_beat(cand, base, resolution):
+        return 2
+    return 0 if _screen_diff(cand, base) >= -margin - 1e-12 else 1
+
+
+def _cheaper_first(a: Candidate, b: Candidate, base: Candidate, resolution: Resolution) -> int:
+    """The order selection would prefer (cost beyond the resolution, then static tokens),
+    then the better screen difference."""
+    if can_beat(a, b, resolution):
+        return -1
+    if can_beat(b, a, resolution):
+        return 1
+    return -1 if _screen_diff(a, base) > _screen_diff(b, base) else 1 if _screen_diff(a, base) < _screen_diff(b, base) \
+        else (a.id > b.id) - (a.id < b.id)
 
 
 def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> str:
