@@ -13,21 +13,21 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import replace
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+from bench.common import setup, summary_ms, write_report
 
-from bench.common import summary_ms, write_report  # noqa: E402
-from promptdistill.core.config import EngineConfig, load_settings  # noqa: E402
+setup()
+
+from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import GenerationRequest, load_engine, resolve_model  # noqa: E402
 
 
 def workload(n: int, max_tokens: int) -> list[GenerationRequest]:
     """Dev records of every bundled spec, round-robin, rendered by the one render path."""
-    from promptdistill.specs.datasets import dataset_for, records
     from promptdistill.specs import load_specs, spec_messages
+    from promptdistill.specs.datasets import dataset_for, records
 
     per_spec = []
     for spec in load_specs("prompts"):

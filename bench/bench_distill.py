@@ -14,22 +14,22 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from bench.common import bundled_specs, setup, write_report
 
-from bench.common import bundled_specs, write_report  # noqa: E402
+setup()
+
 from promptdistill.core.config import load_settings  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", help="spec names (default: every spec in prompts/)")
     parser.add_argument("--budget-calls", type=int, default=600)
     parser.add_argument("--budget-minutes", type=float, default=20.0)
-    parser.add_argument("--dev", type=int, default=24)
-    parser.add_argument("--test", type=int, default=24)
-    parser.add_argument("--minibatch", type=int, default=8)
+    parser.add_argument("--dev", type=int, default=400, help="dev records: screen, then the race's pool")
+    parser.add_argument("--test", type=int, default=200)
+    parser.add_argument("--screen", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.specs = args.specs or bundled_specs()
@@ -38,11 +38,11 @@ def main() -> None:
     from promptdistill.distill import DistillConfig, distill
     from promptdistill.engine import load_engine
     from promptdistill.engine.cache import CachedEngine
-    from promptdistill.specs import load_spec
+    from promptdistill.specs.load import load_spec
 
     settings = load_settings()
     config = DistillConfig(seed=args.seed, max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes,
-                           dev_size=args.dev, test_size=args.test, minibatch_size=args.minibatch)
+                           dev_size=args.dev, test_size=args.test, screen_size=args.screen)
     rows, judges = [], {}
     with load_engine(settings.engine) as engine:
         cached = CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
@@ -50,7 +50,7 @@ def main() -> None:
             spec = load_spec(name)
             real_before = cached.real_calls
             result = distill(cached, spec, config=config)
-            result.write(settings.state_dir / "distill" / f"{name}-seed{args.seed}.parquet")
+            result.write(settings.state_dir / "distill" / f"{name}-seed{args.seed}")
             print(f"\n===== {name}")
             print(format_result(result))
             row = result.summary()
@@ -60,20 +60,20 @@ def main() -> None:
             judges[name] = result.judge_stats
         cached.close()
 
-    lines = ["| spec | tokens | reduction | dev | test | judge/ablation agree | equivalence/metric agree (kappa) | search calls |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| spec | tokens | reduction | decision | test | judge/ablation agree | equivalence/metric agree (kappa) "
+             "| LM calls |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cal = r["calibration"] or {}
         agree = "-" if cal.get("agreement_rate") is None else f"{cal['agreement_rate']:.2f} ({_f(cal.get('kappa'))})"
         lines.append(
             f"| {r['spec']} | {r['original_tokens']} -> {r['winner_tokens']} | {100 * r['token_reduction']:.0f}% | "
-            f"{_f(r['dev_original'])} -> {_f(r['dev_winner'])} | {_f(r['test_original'])} -> {_f(r['test_winner'])} | "
-            f"{_f(r['agreement_rate'])} | {agree} | {r['search_lm_calls']} |"
+            f"{r['decision']['verdict']} | {_f(r.get('test_original_mean'))} -> {_f(r.get('test_winner_mean'))} | "
+            f"{_f(r['agreement_rate'])} | {agree} | {r['total_lm_calls']} |"
         )
     markdown = "\n".join(lines)
     print("\n" + markdown)
     write_report("distill", {"config": {k: getattr(config, k) for k in ("seed", "max_lm_calls", "dev_size", "test_size",
-                                                                         "minibatch_size", "max_rounds")},
+                                                                         "screen_size", "max_rounds", "alpha")},
                              "specs": rows, "judges": judges}, markdown)
 
 

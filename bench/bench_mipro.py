@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -52,10 +51,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from bench.common import setup, write_report
 
-from bench.common import write_report  # noqa: E402
+setup()
+
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult  # noqa: E402
 
@@ -157,8 +156,8 @@ def output_fields(spec: Any) -> dict[str, Any] | None:
 
 def start_instruction(spec: Any) -> str:
     """The spec's system text without examples: the instruction both optimizers start from."""
-    from promptdistill.specs.render import render_text
     from promptdistill.specs import build_system
+    from promptdistill.specs.render import render_text
 
     return render_text(build_system(spec, ()), {})
 
@@ -292,11 +291,13 @@ def prompt_figures(engine: Engine, model: Any, spec: Any, content: Mapping[str, 
 
 
 def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from promptdistill.evaluate import evaluate
+    from promptdistill.core.stats import bootstrap_ci
     from promptdistill.engine.cache import CachedEngine
-    from promptdistill.optimize import OptimizeBudget, SimilarExamples, bootstrap_ci, optimize, prefix_block_tokens
+    from promptdistill.evaluate import evaluate
+    from promptdistill.optimize import OptimizeBudget, SimilarExamples, optimize, prefix_block_tokens
     from promptdistill.optimize.examples import with_fewshot
-    from promptdistill.specs import load_spec, template_content
+    from promptdistill.specs.load import load_spec
+    from promptdistill.specs.prompt import template_content
 
     spec = load_spec(name)
     if spec.metric.kind == "judge_rubric":
@@ -314,7 +315,7 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
     counter = CallCounter(engine)
     budget = OptimizeBudget(
         max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes, dev_size=len(split["dev"]),
-        test_size=len(split["test"]), minibatch_size=min(8, len(split["dev"])), timing_records=0,
+        test_size=len(split["test"]), screen_size=min(8, max(1, len(split["dev"]) // 2)), timing_records=0,
         fewshot_counts=tuple(k for k in (0, 2, 4, 8) if k <= len(split["train"])),
         format_size=min(16, len(split["dev"])))
     cached = CachedEngine(counter, folder / "lm_cache.sqlite")
@@ -323,9 +324,10 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
         distilled = None
         if not args.no_distill:  # the pipeline's order: distill the instruction, then optimize
             from promptdistill.distill import distill
-            from promptdistill.pipeline import budget_preset
+            from promptdistill.pipeline.budgets import budget_preset
 
-            config = budget_preset("quick")["distill"]
+            config = dataclasses.replace(budget_preset("quick")["distill"], dev_size=len(split["dev"]),
+                                         screen_size=min(8, max(1, len(split["dev"]) // 2)), test_size=0)
             print(f"[{name}] ours: distill (quick budget, {config.max_lm_calls} LM calls at most)", flush=True)
             distilled = distill(cached, sub, config=dataclasses.replace(config, seed=args.seed))
         print(f"[{name}] ours: optimize (budget {budget.max_lm_calls} LM calls, {budget.max_minutes:g} min)", flush=True)
@@ -425,7 +427,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget-minutes", type=float, default=15.0, help="ours: wall-clock limit")
     p.add_argument("--timing-records", type=int, default=3, help="test records timed cold and warm per prompt")
     p.add_argument("--no-distill", action="store_true", help="ours without the distiller (optimize the instruction as written)")
-    p.add_argument("--ttft-model", default=None, help="TTFT model folder (default: as `promptdistill optimize`)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.train < 1 or args.dev < 2 or args.test < 2:
@@ -433,14 +434,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     import dspy
 
-    from promptdistill.cli.optimize import find_ttft_model
     from promptdistill.engine import load_engine
-    from promptdistill.ttft.model import TTFTModel
+    from promptdistill.pipeline.ttft_models import load_ttft_model
+    from promptdistill.registry.store import Registry
 
     settings = load_settings()
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-mipro-") as tmp, load_engine(settings.engine) as engine:
-        model = TTFTModel.load(find_ttft_model(args.ttft_model, settings.state_dir), engine_identity=engine.identity)
+        model = load_ttft_model(Registry(settings.registry), engine.identity)
         for name in args.specs:
             rows[name] = compare_spec(engine, model, name, args, Path(tmp))
         identity = engine.identity.to_dict()

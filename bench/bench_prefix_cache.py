@@ -13,12 +13,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+from bench.common import setup, write_report
 
-from bench.common import write_report  # noqa: E402
+setup()
+
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import GenerationRequest, load_engine  # noqa: E402
 from promptdistill.specs.render import render_messages  # noqa: E402
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--registry", default=load_settings().registry)
     args = p.parse_args(argv)
 
-    from promptdistill.specs.datasets import dataset_for, records
     from promptdistill.specs import load_spec
+    from promptdistill.specs.datasets import dataset_for, records
 
     rows = {}
     with load_engine() as engine:

@@ -5,6 +5,8 @@ budget, fits the candidate models with grouped cross-validation, and prints the 
 model's held-out MAPE, R² and p50/p95 absolute error per backend, plus every
 candidate's scores. Targets: held-out MAPE of 10% or better on the CPU engine (5% the
 goal). The rows left out as measured under CPU contention are counted in the output.
+Each profiled backend's model is published to the registry (``ttft-model/<engine key>``),
+where the optimizer benchmarks, ``promptdistill optimize`` and the nightly look for it.
 
 Usage:
     python -m bench.bench_ttft_model [--budget-s 420] [--points 40] [--repeats 2] [--server]
@@ -14,21 +16,30 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
+from pathlib import Path
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from bench.common import setup, write_report
 
-from bench.common import write_report  # noqa: E402
+setup()
+
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import load_engine, resolve_model  # noqa: E402
+from promptdistill.pipeline.ttft_models import fit_and_publish  # noqa: E402
+from promptdistill.registry.store import Registry  # noqa: E402
 from promptdistill.ttft import ProfileConfig, fit_models, run_profile  # noqa: E402
 from promptdistill.ttft.fit import engine_rows  # noqa: E402
 
 
-def evaluate(df, seed: int) -> dict:
-    fit = fit_models(df, seed=seed)
+def evaluate(df, seed: int, *, publish: bool = False) -> dict:
+    """The chosen model's held-out figures; with ``publish``, the model goes to the registry
+    (where ``promptdistill optimize``, the nightly and the other benchmarks look)."""
+    if publish:
+        settings = load_settings()
+        info, _, fit, _ = fit_and_publish(Registry(settings.registry), df, seed=seed, source="bench_ttft_model",
+                                          report_dir=Path(settings.state_dir) / "ttft" / "reports")
+    else:
+        fit = fit_models(df, seed=seed)
     best = fit.heldout[fit.chosen]
     return {
         "chosen": fit.chosen,
@@ -74,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         engine_config = load_settings().engine
         with load_engine(replace(engine_config, backend="local")) as engine:
             df, info = profile_backend(engine, config, args.out)
-        result["by_backend"]["vllm-local"] = {"profile": info, **evaluate(df, args.seed)}
+        result["by_backend"]["vllm-local"] = {"profile": info, **evaluate(df, args.seed, publish=True)}
         if args.server:
             from promptdistill.engine.launcher import VLLMServer
             from promptdistill.engine.server import ServerEngine
@@ -82,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
             with VLLMServer(resolve_model(engine_config.model), engine_config, startup_timeout_s=600) as server:
                 server_engine = ServerEngine(replace(engine_config, backend="server", server_urls=(server.url,)))
                 df, info = profile_backend(server_engine, config, args.out)
-            result["by_backend"]["vllm-server"] = {"profile": info, **evaluate(df, args.seed)}
+            result["by_backend"]["vllm-server"] = {"profile": info, **evaluate(df, args.seed, publish=True)}
 
     md = ["# TTFT model accuracy (held-out prompts)", "",
           "| backend | chosen | MAPE | R² | p50 abs err ms | p95 abs err ms | rows used / contended |",

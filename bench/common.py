@@ -11,15 +11,21 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from promptdistill.core.env import apply_defaults
+from promptdistill.core.jsonio import atomic_write, write_json
 from promptdistill.engine.base import hardware_fingerprint
+from promptdistill.pipeline.jobs import select_spec_files
 
 REPORT_DIR = Path(os.environ.get("PROMPTDISTILL_BENCH_DIR", "artifacts/bench"))
 
 
+def setup() -> None:
+    """The process defaults every benchmark runs with (offline, quiet), before heavy imports."""
+    apply_defaults()
+
+
 def bundled_specs(prompts_dir: str = "prompts") -> list[str]:
     """The names of the specs in ``prompts_dir`` (every one, as the nightly flow runs them)."""
-    from promptdistill.pipeline import select_spec_files
-
     return [path.stem for path in select_spec_files(prompts_dir)]
 
 
@@ -62,12 +68,8 @@ def write_report(name: str, result: dict[str, Any], markdown: str | None = None)
     """Stamp ``result`` with machine and commit, print it, and save JSON (+ markdown)."""
     result = {"benchmark": name, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "commit": commit(), "machine": machine(), **result}
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    path = REPORT_DIR / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, path)
+    path = write_json(REPORT_DIR / f"{name}.json", result)
     if markdown:
-        (REPORT_DIR / f"{name}.md").write_text(markdown)
+        atomic_write(REPORT_DIR / f"{name}.md", markdown)
     print(json.dumps(result, indent=2, default=str))
     return path

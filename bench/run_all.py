@@ -15,7 +15,7 @@ BENCHMARKS = [
     ["bench.bench_batching", "--requests", "64", "--max-tokens", "24", "--server"],
     ["bench.bench_prefix_cache", "--records", "5"],
     ["bench.bench_ttft_model", "--budget-s", "420"],
-    ["bench.bench_optimize", "--budget-calls", "400", "--budget-minutes", "4", "--dev", "16", "--test", "16"],
+    ["bench.bench_optimize", "--budget", "quick"],
     ["bench.bench_mipro", "--train", "24", "--dev", "16", "--test", "16", "--num-threads", "8"],
 ]
 

@@ -292,8 +292,13 @@ class _Run:
             agreement_rate=agreement_rate([s for _, s, _ in self.clause_scores]), calibration=calibration,
             test=test_reports, rounds=rounds, stop_reason=stop, search_lm_calls=search_calls,
             total_lm_calls=self.meter.calls, elapsed_s=time.monotonic() - start, max_quality_drop=self.max_drop,
-            splits=self.splits.sizes(),
+            splits=self.splits.sizes(), tokens_processed=self.tokens_processed(),
         )
+
+    def tokens_processed(self) -> int:
+        """Prompt and completion tokens of every request, judges' included."""
+        meters = {id(m): m for m in (self.meter, self.runner.engine)}.values()
+        return sum(m.prompt_tokens + m.completion_tokens for m in meters)
 
     def plan(self, finalists: Sequence[Candidate]) -> Any:
         """What the certify pool can decide, from the finalists' discordance on the screen records."""

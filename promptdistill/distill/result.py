@@ -77,6 +77,8 @@ class DistillResult:
     elapsed_s: float
     max_quality_drop: float
     splits: dict[str, int] = field(default_factory=dict)
+    tokens_processed: int = 0
+    """Prompt and completion tokens of every LM request (what a GPU spends)."""
 
     @property
     def token_reduction(self) -> float:
@@ -118,7 +120,8 @@ class DistillResult:
             **self.test_figures(), "agreement_rate": self.agreement_rate,
             "calibration_agreement": (self.calibration or {}).get("agreement_rate"), "rounds": self.rounds,
             "stop_reason": self.stop_reason, "search_lm_calls": self.search_lm_calls,
-            "total_lm_calls": self.total_lm_calls, "budget_lm_calls": self.config.max_lm_calls,
+            "total_lm_calls": self.total_lm_calls, "tokens_processed": self.tokens_processed,
+            "budget_lm_calls": self.config.max_lm_calls,
             "elapsed_s": self.elapsed_s, "max_quality_drop": self.max_quality_drop, "splits": self.splits,
         })
 
