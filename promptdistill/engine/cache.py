@@ -76,11 +76,6 @@ class CachedEngine(EngineWrapper):
         self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, result TEXT NOT NULL)")
         self._db.commit()
 
-    @property
-    def requests_seen(self) -> int:
-        """Every request answered, from the engine or from the cache."""
-        return self.real_calls + self.cache_hits
-
     def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
         """Answer from the cache where possible; send every miss to the engine in one batch."""
         keys = [cache_key(self.engine, r) for r in requests]
