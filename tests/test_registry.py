@@ -74,7 +74,17 @@ def test_content_is_checked_before_anything_is_written(reg):
         (make_content(output_schema=None), "response_format"),
         (make_content(max_tokens=0), "max_tokens"),
         (make_content(inputs="text"), "inputs"),
-        ({"system": "x"}, "content.user"),
+        ({"name": "summarize", "system": "x"}, "content.user"),
+        ({"system": "x"}, "content.name"),
+        (make_content(name="other"), "content.name: 'other' is not the template's name 'summarize'"),
+        (make_content(model="m"), "content.model: unknown key"),
+        (make_content(sampling={"model": "evil"}), "content.sampling.model: not a sampling setting"),
+        (make_content(sampling={"messages": []}), "content.sampling.messages"),
+        (make_content(sampling={"stream": True}), "content.sampling.stream"),
+        (make_content(sampling={"temperature": "hot"}), "content.sampling.temperature: must be a finite number"),
+        (make_content(sampling={"top_k": 1.5}), "content.sampling.top_k: must be an integer"),
+        (make_content(sampling={"stop": [1]}), "content.sampling.stop"),
+        (make_content(inputs=["text", "text"]), "inputs: names must be unique"),
     ]
     for content, needle in bad:
         with pytest.raises(RegistryError, match=needle.replace("{", r"\{").replace("}", r"\}")):
@@ -221,7 +231,7 @@ def test_hand_edited_version_fails_the_hash_check(reg):
 # ---------------------------------------------------------------------- concurrency
 def _publish_many(root: str, worker: int, count: int, queue) -> None:
     reg = Registry(root)
-    got = [reg.publish("shared", make_content(f"Worker {worker} copy {i}."), actor=f"worker-{worker}").version
+    got = [reg.publish("shared", make_content(f"Worker {worker} copy {i}.", name="shared"), actor=f"worker-{worker}").version
            for i in range(count)]
     queue.put((worker, got))
 
@@ -261,8 +271,8 @@ def test_concurrent_publishers_get_distinct_whole_versions(reg):
 
 
 def test_concurrent_label_moves_lose_nothing(reg):
-    reg.publish("shared", make_content("one"))
-    reg.publish("shared", make_content("two"))
+    reg.publish("shared", make_content("one", name="shared"))
+    reg.publish("shared", make_content("two", name="shared"))
     workers, count = 6, 3
     _run_processes(_move_labels, reg.root, workers, count)
     history = reg.history("shared")
@@ -290,7 +300,7 @@ CHILD = textwrap.dedent(
         time.sleep(60)
         return n
     backend.os.write = slow_write
-    content = {"system": "Killed.", "user": "Text: {text}", "inputs": ["text"], "output_schema": None,
+    content = {"name": "summarize", "system": "Killed.", "user": "Text: {text}", "inputs": ["text"], "output_schema": None,
                "response_format": "none", "max_tokens": 8, "sampling": {}}
     Registry(sys.argv[1]).publish("summarize", content)
     """
@@ -319,7 +329,7 @@ LOOP = textwrap.dedent(
     import sys
     from promptdistill.registry import Registry
     reg = Registry(sys.argv[1])
-    content = {"system": "x" * 200000, "user": "{t}", "inputs": ["t"], "output_schema": None,
+    content = {"name": "big", "system": "x" * 200000, "user": "{t}", "inputs": ["t"], "output_schema": None,
                "response_format": "none", "max_tokens": 8, "sampling": {}}
     print("GO", flush=True)
     for i in range(1000):

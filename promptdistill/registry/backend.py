@@ -12,24 +12,38 @@ Everything the registry stores goes through five operations with these guarantee
   starting with ``.`` are never listed).
 
 A writer killed mid-write leaves at most a hidden ``.tmp-*`` file locally and nothing
-on S3 (an unfinished PUT is never visible).
+on S3 (an unfinished PUT is never visible). The next write into that folder removes
+temp files older than ``STALE_TEMP_S`` (no live write takes that long).
 
 Keys are ``/``-joined relative paths built only from validated names. Any failure other
 than "missing" or "exists" becomes ``StoreUnavailableError`` (the store could not be
 reached or refused access), which the client treats as "serve the last good copy".
+
+"Missing" is only believed from a store that is a registry: before anything is
+reported as not found, ``check_available`` checks the layout. A local root that does
+not exist, or holds none of ``registry.json`` (the marker the first write creates),
+``templates/``, ``artifacts/`` and ``runs/`` (an unmounted, empty mount point), is
+unavailable, and so is an object-store prefix with none of them.
+
+Object stores get bounded waits by default (``DEFAULT_S3_OPTIONS``: 2 s to connect,
+5 s per read, 2 attempts in botocore and in s3fs), instead of s3fs's own defaults,
+under which one request to an endpoint that accepts and never answers blocked for
+minutes. Options given by the caller win.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import time
 import uuid
 from abc import ABC, abstractmethod
 from typing import Any, Mapping
 
 from promptdistill.core.errors import PromptDistillError, RegistryError
 
-__all__ = ["Backend", "LocalBackend", "FsspecBackend", "StoreUnavailableError", "open_backend"]
+__all__ = ["DEFAULT_S3_OPTIONS", "LAYOUT", "MARKER", "Backend", "LocalBackend", "FsspecBackend", "StoreUnavailableError", "open_backend"]
 
 logger = logging.getLogger("promptdistill.registry")
 
@@ -37,6 +51,23 @@ logger = logging.getLogger("promptdistill.registry")
 _ATOMIC_CREATE = ("s3", "s3a")
 # Protocols where fsspec's check-then-write is enough (one process only).
 _SINGLE_PROCESS = ("memory",)
+# What a registry root holds once anything was written to it.
+MARKER = "registry.json"
+LAYOUT = (MARKER, "templates", "artifacts", "runs")
+_MARKER_BODY = b'{"format": "promptdistill.registry/1"}\n'
+STALE_TEMP_S = 3600.0
+"""A local ``.tmp-*`` file older than this is left from a killed writer, and removed."""
+
+DEFAULT_S3_OPTIONS: dict[str, Any] = {
+    # s3fs retries a timed-out request itself (5 times by default) on top of botocore's
+    # own retries: with its 15 s read timeout, that was minutes per request.
+    "retries": 2,
+    "config_kwargs": {"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2, "mode": "standard"}},
+    # One filesystem object per Registry: the retries set below must not leak into
+    # other users of a cached instance.
+    "skip_instance_cache": True,
+}
+"""fsspec options for ``s3://`` roots, merged under the caller's (the caller's win)."""
 
 
 class StoreUnavailableError(RegistryError):
@@ -64,8 +95,25 @@ class Backend(ABC):
         """Where a key lives, for messages."""
         return f"{self.root.rstrip('/')}/{key}"
 
-    def ensure_root(self) -> None:  # noqa: B027 - most stores need nothing
-        """Create the root if the store needs that before a first write."""
+    _ensured = False
+
+    def ensure_root(self) -> None:
+        """Before a write: create the root if the store needs that, and the registry marker."""
+        if self._ensured:
+            return
+        try:
+            self.create(MARKER, _MARKER_BODY)
+        except FileExistsError:
+            pass
+        self._ensured = True
+
+    def check_available(self) -> None:
+        """Raise StoreUnavailableError unless the root holds a registry (see the module doc)."""
+        if not any(n in LAYOUT for n in self.list("")):
+            raise StoreUnavailableError(
+                f"{self.root}: no registry here (none of {', '.join(f'{n}/' for n in LAYOUT)}): "
+                "the store is empty, not mounted, or the root is wrong"
+            )
 
 
 class LocalBackend(Backend):
@@ -75,7 +123,7 @@ class LocalBackend(Backend):
         self.root = os.path.abspath(os.path.expanduser(root))
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.root, *key.split("/"))
+        return os.path.join(self.root, *[p for p in key.split("/") if p])
 
     def _check_root(self, key: str, err: OSError) -> None:
         if not os.path.isdir(self.root):
@@ -87,10 +135,15 @@ class LocalBackend(Backend):
         return self._path(key)
 
     def ensure_root(self) -> None:
+        if self._ensured:
+            return
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:
             raise StoreUnavailableError(f"{self.root}: cannot create the registry root: {e}") from e
+        if not os.path.exists(self._path(MARKER)):
+            super().ensure_root()
+        self._ensured = True
 
     def read(self, key: str) -> bytes:
         try:
@@ -104,9 +157,27 @@ class LocalBackend(Backend):
         except OSError as e:
             raise StoreUnavailableError(f"{self._path(key)}: cannot read: {e}") from e
 
+    @staticmethod
+    def _remove_stale_temps(folder: str) -> None:
+        """Remove ``.tmp-*`` files a killed writer left, once they are older than STALE_TEMP_S."""
+        try:
+            names = [n for n in os.listdir(folder) if n.startswith(".tmp-")]
+        except OSError:
+            return
+        cutoff = time.time() - STALE_TEMP_S
+        for n in names:
+            path = os.path.join(folder, n)
+            try:
+                if os.stat(path).st_mtime < cutoff:
+                    os.unlink(path)
+                    logger.info("%s: removed a temp file left by a killed writer", path)
+            except OSError:
+                pass  # another writer removed it first, or it is not ours to remove
+
     def _write_temp(self, path: str, data: bytes) -> str:
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
+        self._remove_stale_temps(folder)
         tmp = os.path.join(folder, f".tmp-{os.getpid()}-{uuid.uuid4().hex}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -138,7 +209,7 @@ class LocalBackend(Backend):
             try:
                 os.link(tmp, path)  # atomic, and fails if the name exists
             finally:
-                os.unlink(tmp)
+                _unlink_quietly(tmp)
         except FileExistsError:
             raise
         except OSError as e:
@@ -152,7 +223,7 @@ class LocalBackend(Backend):
             try:
                 os.replace(tmp, path)
             except BaseException:
-                os.unlink(tmp)
+                _unlink_quietly(tmp)
                 raise
         except OSError as e:
             raise StoreUnavailableError(f"{path}: cannot write: {e}") from e
@@ -161,7 +232,8 @@ class LocalBackend(Backend):
     def list(self, prefix: str) -> list[str]:
         try:
             return sorted(n for n in os.listdir(self._path(prefix)) if not n.startswith("."))
-        except (FileNotFoundError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError) as e:
+            self._check_root(prefix, e)
             return []
         except OSError as e:
             raise StoreUnavailableError(f"{self._path(prefix)}: cannot list: {e}") from e
@@ -174,10 +246,23 @@ class FsspecBackend(Backend):
         import fsspec  # only for non-local roots
 
         self.root = root
+        protocol = root.split("://", 1)[0] if "://" in root else root.split(":", 1)[0]
+        options = _with_defaults(protocol, storage_options)
+        retries = options.pop("retries", None) if protocol in _ATOMIC_CREATE else None
         try:
-            self.fs, self._base = fsspec.core.url_to_fs(root, **dict(storage_options or {}))
+            self.fs, self._base = fsspec.core.url_to_fs(root, **options)
         except ImportError as e:
             raise RegistryError(f"{root}: this URL needs an extra package: {e}") from e
+        except ValueError as e:
+            if "protocol" in str(e).lower():
+                known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) > 1)[:12])
+                raise RegistryError(f"{root}: unknown storage protocol {protocol!r} (a folder, or a URL such as "
+                                    f"s3://bucket/prefix; fsspec knows {known}, ...)") from None
+            raise RegistryError(f"{root}: not a usable registry root: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a filesystem's constructor may raise anything on bad options
+            raise RegistryError(f"{root}: cannot open the store: {type(e).__name__}: {e}") from None
+        if retries is not None and hasattr(self.fs, "retries"):
+            self.fs.retries = int(retries)
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self.atomic_create = any(p in _ATOMIC_CREATE for p in protocols)
         if not self.atomic_create and not any(p in _SINGLE_PROCESS for p in protocols):
@@ -189,7 +274,7 @@ class FsspecBackend(Backend):
             )
 
     def _path(self, key: str) -> str:
-        return f"{self._base.rstrip('/')}/{key}"
+        return f"{self._base.rstrip('/')}/{key}" if key else self._base.rstrip("/")
 
     def _call(self, what: str, key: str, fn, *args, **kwargs):
         try:
@@ -223,9 +308,34 @@ class FsspecBackend(Backend):
         return sorted(n for n in names if n and not n.startswith("."))
 
 
+def _with_defaults(protocol: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The caller's fsspec options over the defaults for the protocol (nested config merged)."""
+    given = dict(storage_options or {})
+    if protocol not in _ATOMIC_CREATE:
+        return given
+    options = copy.deepcopy(DEFAULT_S3_OPTIONS)
+    config = {**options.pop("config_kwargs"), **dict(given.pop("config_kwargs", None) or {})}
+    return {**options, **given, "config_kwargs": config}
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass  # removed as stale by another writer
+
+
 def open_backend(root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> Backend:
-    """A backend for a folder path, a ``file://`` URL or any fsspec URL."""
+    """A backend for a folder path, a ``file://`` URL or any fsspec URL.
+
+    Raises:
+        RegistryError: an empty root, or a URL whose protocol fsspec does not know.
+    """
+    if not isinstance(root, (str, os.PathLike)):
+        raise RegistryError(f"a registry root must be a folder or a URL, got {type(root).__name__}")
     root = os.fspath(root)
+    if not root.strip():
+        raise RegistryError("the registry root is empty: give a folder or a URL such as s3://bucket/prefix")
     if root.startswith("file://"):
         root = root[len("file://") :]
     if "://" not in root and not root.startswith(("memory:", "s3:")):

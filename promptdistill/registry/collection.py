@@ -12,35 +12,62 @@ Concurrency without locks, using only the backend's create-only write:
   to create ``versions/N.json``, one wins and the other retries with N+1;
 * a label move is the creation of history event ``seq+1`` carrying the full label
   map after the move (a compare-and-swap on the whole label state: a writer who lost
-  the race re-reads and retries). ``labels.json`` is then rewritten as a checkpoint.
-  Readers read the checkpoint and roll forward over any later events, so a writer
-  that crashed between the two writes, or a slow writer's stale checkpoint, never
-  hides a move.
+  the race re-reads and retries). One event may move several labels at once, so a
+  publish with ``labels=[candidate, production]`` sets all of them or none.
+
+The history is the source of truth. ``labels.json`` is only a hint of where it ends:
+readers read the event the checkpoint names, check it, and roll forward over any later
+events, so a stale checkpoint (a writer that crashed between the two writes, or a slow
+one) never hides a move, and a checkpoint that disagrees with the history, or names an
+event that does not exist, is ignored (the history is listed instead). A new event is
+always numbered after the last one that exists, so no gap is ever created.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Mapping
 
-from promptdistill.core.errors import RegistryError, TemplateNotFoundError
+from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
 from promptdistill.registry.backend import Backend, StoreUnavailableError
 from promptdistill.registry.records import LabelEvent
 
-__all__ = ["Collection", "label_stack", "utc_now"]
+__all__ = ["Collection", "label_moves", "label_stack", "utc_now"]
 
 logger = logging.getLogger("promptdistill.registry")
 
 _VERSION_FILE = re.compile(r"([1-9][0-9]*)\.json")
+_EVENT_FILE = re.compile(r"([0-9]{1,12})\.json")
 _MAX_ATTEMPTS = 256
+
+Target = Callable[[list[LabelEvent] | None, dict[str, int]], Mapping[str, int]]
 
 
 def utc_now() -> str:
     """UTC time as ``2026-11-30T13:04:52.123Z``."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def label_moves(events: list[LabelEvent], label: str) -> list[LabelEvent]:
+    """The moves of one label, oldest first, one event each.
+
+    An event that moved several labels (a publish) appears here as if it had moved
+    ``label`` alone: its ``label``, ``from_version`` and ``to_version`` are this label's.
+    """
+    out: list[LabelEvent] = []
+    before: dict[str, int] = {}
+    for event in events:
+        if event.label == label:
+            out.append(event)
+        elif label in event.labels and event.labels[label] != before.get(label):
+            out.append(dataclasses.replace(event, label=label, from_version=before.get(label),
+                                           to_version=event.labels[label]))
+        before = event.labels
+    return out
 
 
 def label_stack(events: list[LabelEvent], label: str) -> list[int]:
@@ -50,9 +77,7 @@ def label_stack(events: list[LabelEvent], label: str) -> list[int]:
     rollback goes to 1. Setting a label to the version it already has adds nothing.
     """
     stack: list[int] = []
-    for event in events:
-        if event.label != label:
-            continue
+    for event in label_moves(events, label):
         if event.action == "rollback" and stack:
             stack.pop()
         elif not stack and event.from_version is not None:
@@ -70,6 +95,15 @@ class Collection:
         self.prefix = prefix
         self.what = what
 
+    def _not_found(self, message: str) -> TemplateNotFoundError:
+        """A not-found error, once the store is known to be a registry at all.
+
+        An empty mount point or a wrong prefix has no registry layout: that is the store
+        being unavailable (a warm client keeps its last good copy), not "no such template".
+        """
+        self.backend.check_available()
+        return TemplateNotFoundError(message)
+
     # ----------------------------------------------------------------- versions
     def version_key(self, version: int) -> str:
         return f"{self.prefix}/versions/{version}.json"
@@ -84,14 +118,15 @@ class Collection:
 
         Raises:
             TemplateNotFoundError: no such version (the message lists the existing ones).
+            StoreUnavailableError: the store is unreachable or holds no registry.
         """
         try:
             return self.backend.read(self.version_key(version))
         except FileNotFoundError:
             known = self.versions()
             if not known:
-                raise TemplateNotFoundError(f"{self.backend.root}: unknown {self.what}") from None
-            raise TemplateNotFoundError(
+                raise self._not_found(f"{self.backend.root}: unknown {self.what}") from None
+            raise self._not_found(
                 f"{self.backend.url(self.version_key(version))}: {self.what} has no version {version} "
                 f"(versions: {_span(known)})"
             ) from None
@@ -114,22 +149,44 @@ class Collection:
 
     def _read_event(self, seq: int) -> LabelEvent:
         key = self._event_key(seq)
-        return LabelEvent.from_bytes(self.backend.read(key), where=self.backend.url(key))
+        return LabelEvent.from_bytes(self.backend.read(key), where=self.backend.url(key), seq=seq)
+
+    def _checkpoint_seq(self) -> int | None:
+        """The event number ``labels.json`` names, or None (missing or unreadable)."""
+        key = f"{self.prefix}/labels.json"
+        try:
+            seq = json.loads(self.backend.read(key))["seq"]
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            logger.warning("%s: unreadable label checkpoint (%s); reading the history instead", self.backend.url(key), e)
+            return None
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+            logger.warning("%s: seq %r is not an event number; reading the history instead", self.backend.url(key), seq)
+            return None
+        return seq
 
     def label_state(self) -> tuple[int, dict[str, int]]:
-        """(last event number, {label: version}), rolled forward past the checkpoint."""
-        key = f"{self.prefix}/labels.json"
+        """(last event number, {label: version}), read from the history.
+
+        Raises:
+            IntegrityError: an event is unreadable or malformed (naming the file and field).
+        """
+        hint = self._checkpoint_seq()
         seq, labels = 0, {}
-        try:
-            checkpoint = json.loads(self.backend.read(key))
-            seq, labels = int(checkpoint["seq"]), dict(checkpoint["labels"])
-        except FileNotFoundError:
-            pass
-        except (ValueError, KeyError, TypeError) as e:
-            logger.warning("%s: unreadable label checkpoint (%s); rebuilding from history", self.backend.url(key), e)
+        if hint:
+            try:
+                event = self._read_event(hint)
+                seq, labels = event.seq, dict(event.labels)
+            except FileNotFoundError:
+                logger.warning("%s: the label checkpoint names event %d, which does not exist; reading the history",
+                               self.backend.url(self.prefix), hint)
+                hint = None
+        if hint is None:
             events = self.history()
-            return (events[-1].seq, dict(events[-1].labels)) if events else (0, {})
-        while True:
+            if events:
+                seq, labels = events[-1].seq, dict(events[-1].labels)
+        while True:  # roll forward over events written after the checkpoint
             try:
                 event = self._read_event(seq + 1)
             except FileNotFoundError:
@@ -148,25 +205,38 @@ class Collection:
         labels = self.labels()
         if label not in labels:
             if not self.versions():
-                raise TemplateNotFoundError(f"{self.backend.root}: unknown {self.what}")
-            raise TemplateNotFoundError(
+                raise self._not_found(f"{self.backend.root}: unknown {self.what}")
+            raise self._not_found(
                 f"{self.backend.url(self.prefix)}: {self.what} has no label {label!r} "
                 f"(labels: {', '.join(f'{k}={v}' for k, v in sorted(labels.items())) or 'none'})"
             )
         return labels[label]
 
     def history(self) -> list[LabelEvent]:
-        """Every label move, oldest first."""
+        """Every label move, oldest first.
+
+        Raises:
+            IntegrityError: an event file is unreadable or malformed.
+        """
         names = self.backend.list(f"{self.prefix}/labels/history")
-        seqs = sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
-        return [self._read_event(s) for s in seqs]
+        seqs = sorted(int(m.group(1)) for n in names if (m := _EVENT_FILE.fullmatch(n)) and int(m.group(1)) > 0)
+        events = []
+        for s in seqs:
+            try:
+                events.append(self._read_event(s))
+            except FileNotFoundError:
+                raise IntegrityError(f"{self.backend.url(self._event_key(s))}: listed but not readable") from None
+        return events
 
-    def move_label(self, label: str, target: Callable[[list[LabelEvent] | None, dict[str, int]], int], *,
-                   action: str, actor: str, reason: str, needs_history: bool = False) -> LabelEvent:
-        """Append one label move; ``target(history, labels)`` picks the new version.
+    def move_labels(self, target: Target, *, action: str, actor: str, reason: str,
+                    needs_history: bool = False) -> LabelEvent | None:
+        """Append one event moving the labels ``target(history, labels)`` returns.
 
-        The move is a create-only write of event ``seq+1``: if another writer got there
-        first, the state is re-read and ``target`` asked again.
+        ``target`` gets the history (when ``needs_history``, else None) and the current
+        ``{label: version}``, and returns ``{label: new version}`` (empty: nothing to do,
+        no event, returns None). The move is a create-only write of event ``seq+1``: if
+        another writer got there first, the state is re-read and ``target`` asked again,
+        so a ``target`` that checks the current state is a compare-and-set.
         """
         for _ in range(_MAX_ATTEMPTS):
             if needs_history:
@@ -176,10 +246,13 @@ class Collection:
             else:
                 events = None
                 seq, labels = self.label_state()
-            to_version = target(events, labels)
+            moves = dict(target(events, labels))
+            if not moves:
+                return None
+            label, to_version = next(iter(moves.items()))
             event = LabelEvent(
                 seq=seq + 1, label=label, from_version=labels.get(label), to_version=to_version,
-                action=action, actor=actor, at=utc_now(), reason=reason, labels={**labels, label: to_version},
+                action=action, actor=actor, at=utc_now(), reason=reason, labels={**labels, **moves},
             )
             try:
                 self.backend.create(self._event_key(event.seq), event.to_bytes())
@@ -188,6 +261,14 @@ class Collection:
             self._write_checkpoint(event)
             return event
         raise RegistryError(f"{self.backend.url(self.prefix)}: gave up after {_MAX_ATTEMPTS} label conflicts")
+
+    def move_label(self, label: str, target: Callable[[list[LabelEvent] | None, dict[str, int]], int], *,
+                   action: str, actor: str, reason: str, needs_history: bool = False) -> LabelEvent:
+        """Append one move of one label; ``target(history, labels)`` picks the new version."""
+        event = self.move_labels(lambda events, labels: {label: target(events, labels)}, action=action,
+                                 actor=actor, reason=reason, needs_history=needs_history)
+        assert event is not None  # one label always gives one event
+        return event
 
     def _write_checkpoint(self, event: LabelEvent) -> None:
         key = f"{self.prefix}/labels.json"
@@ -204,4 +285,3 @@ def _span(versions: list[int]) -> str:
     if len(versions) > 6:
         return f"{versions[0]}..{versions[-1]} ({len(versions)} in all)"
     return ", ".join(map(str, versions))
-

@@ -11,6 +11,12 @@ Template content (what ``promptdistill.specs.template_content`` produces)::
      "output_schema": dict | None, "response_format": "json_schema" | "none",
      "max_tokens": int | None, "sampling": {"temperature": 0.0, ...}}
 
+Content is checked when it is published and again when it is read back (a record
+written by older code, or by hand with recomputed hashes, is refused the same way):
+``name`` must be the template's name, no other keys are allowed, and ``sampling`` holds
+only the sampling settings in ``SAMPLING_KEYS``: never ``model``, ``messages``,
+``stream`` or anything else that would take over a caller's request.
+
 Metrics are free-form JSON; the optimizer's convention is ``quality`` (with
 ``ci_low``/``ci_high``), ``prompt_tokens_before``/``prompt_tokens_after``,
 ``ttft_ms_predicted``/``ttft_ms_measured`` and ``valid_json_rate``.
@@ -19,6 +25,7 @@ Metrics are free-form JSON; the optimizer's convention is ``quality`` (with
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -32,7 +39,9 @@ from promptdistill.specs.render import TemplateSyntaxError, check_template
 
 __all__ = [
     "ArtifactRecord",
+    "CONTENT_KEYS",
     "LabelEvent",
+    "SAMPLING_KEYS",
     "VersionRecord",
     "check_content",
     "check_label",
@@ -47,6 +56,54 @@ ARTIFACT_FORMAT = "promptdistill.artifact/1"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _RESPONSE_FORMATS = ("json_schema", "none")
+# ASCII digits only: str.isdigit() also accepts "²" and "３", which int() then fails on
+# or silently reads as 3.
+_DIGITS = re.compile(r"[0-9]{1,12}")
+_INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ACTIONS = ("set", "rollback")
+
+CONTENT_KEYS = ("name", "system", "user", "inputs", "output_schema", "response_format", "max_tokens", "sampling")
+"""Every key template content may hold."""
+
+
+def _number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False):
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return f"must be a finite number, got {v!r}"
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            return f"must be {'>' if lo_open else '>='} {lo}, got {v!r}"
+        if hi is not None and v > hi:
+            return f"must be <= {hi}, got {v!r}"
+        return None
+    return check
+
+
+def _integer(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return f"must be an integer, got {v!r}"
+    return None
+
+
+def _stop(v: Any) -> str | None:
+    if isinstance(v, str) or (isinstance(v, list) and len(v) <= 16 and all(isinstance(x, str) for x in v)):
+        return None
+    return f"must be a string or a list of at most 16 strings, got {v!r}"
+
+
+SAMPLING_KEYS: dict[str, Any] = {
+    "temperature": _number(0.0, 10.0),
+    "top_p": _number(0.0, 1.0, lo_open=True),
+    "top_k": _integer,
+    "min_p": _number(0.0, 1.0),
+    "seed": _integer,
+    "stop": _stop,
+    "presence_penalty": _number(-2.0, 2.0),
+    "frequency_penalty": _number(-2.0, 2.0),
+    "repetition_penalty": _number(0.0, 10.0, lo_open=True),
+}
+"""Sampling settings a template may carry, with their checks. ``model``, ``messages``,
+``response_format``, ``max_tokens``, ``stream`` and the rest are the caller's or the
+template's own fields, never sampling."""
 
 
 def check_name(name: Any, what: str = "template name") -> str:
@@ -93,8 +150,8 @@ def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None,
         check_label(ref_label)
     elif ":" in ref:
         name, text = ref.split(":", 1)
-        if not text.isdigit():
-            raise RegistryError(f"invalid reference {ref!r}: the part after ':' must be a version number")
+        if not _DIGITS.fullmatch(text):
+            raise RegistryError(f"invalid reference {ref!r}: the part after ':' must be a version number (ASCII digits)")
         ref_version = int(text)
     check_name(name)
     given = [x for x in (ref_label, ref_version, label, version) if x is not None]
@@ -113,16 +170,31 @@ def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None,
     return name, ref_label, ref_version
 
 
-def check_content(content: Any, where: str = "content") -> None:
-    """Raise RegistryError naming the field if ``content`` is not a publishable template."""
+def check_content(content: Any, where: str = "content", *, name: str | None = None) -> None:
+    """Raise RegistryError naming the field if ``content`` is not a publishable template.
+
+    Args:
+        content: the template content.
+        where: prefix of messages (``summarize: content``).
+        name: the template's name; ``content["name"]`` must equal it.
+    """
     if not isinstance(content, Mapping):
         raise RegistryError(f"{where}: must be a dict, got {type(content).__name__}")
+    unknown = sorted(str(k) for k in content if k not in CONTENT_KEYS)
+    if unknown:
+        raise RegistryError(f"{where}.{unknown[0]}: unknown key (allowed: {', '.join(CONTENT_KEYS)})")
+    if not isinstance(content.get("name"), str):
+        raise RegistryError(f"{where}.name: must be the template's name, got {content.get('name')!r}")
+    if name is not None and content["name"] != name:
+        raise RegistryError(f"{where}.name: {content['name']!r} is not the template's name {name!r}")
     for key in ("system", "user"):
         if not isinstance(content.get(key), str):
             raise RegistryError(f"{where}.{key}: must be a string, got {type(content.get(key)).__name__}")
     inputs = content.get("inputs")
-    if not isinstance(inputs, list) or not all(isinstance(n, str) for n in inputs):
-        raise RegistryError(f"{where}.inputs: must be a list of input names, got {inputs!r}")
+    if not isinstance(inputs, list) or not all(isinstance(n, str) and _INPUT.fullmatch(n) for n in inputs):
+        raise RegistryError(f"{where}.inputs: must be a list of input names (identifiers), got {inputs!r}")
+    if len(set(inputs)) != len(inputs):
+        raise RegistryError(f"{where}.inputs: names must be unique, got {inputs!r}")
     try:
         check_template(content["system"], [], where=f"{where}.system")
         check_template(content["user"], inputs, where=f"{where}.user")
@@ -136,6 +208,8 @@ def check_content(content: Any, where: str = "content") -> None:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as e:
             raise RegistryError(f"{where}.output_schema: not a valid JSON Schema: {e.message}") from None
+        except RecursionError:
+            raise RegistryError(f"{where}.output_schema: nested too deeply") from None
     fmt = content.get("response_format", "json_schema" if schema is not None else "none")
     if fmt not in _RESPONSE_FORMATS:
         raise RegistryError(f"{where}.response_format: must be one of {_RESPONSE_FORMATS}, got {fmt!r}")
@@ -144,8 +218,21 @@ def check_content(content: Any, where: str = "content") -> None:
     max_tokens = content.get("max_tokens")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise RegistryError(f"{where}.max_tokens: must be a positive integer or None, got {max_tokens!r}")
-    if not isinstance(content.get("sampling", {}), Mapping):
-        raise RegistryError(f"{where}.sampling: must be a dict of sampling settings")
+    sampling = content.get("sampling", {})
+    if sampling is None:
+        sampling = {}
+    if not isinstance(sampling, Mapping):
+        raise RegistryError(f"{where}.sampling: must be a dict of sampling settings, got {type(sampling).__name__}")
+    for key, value in sampling.items():
+        check = SAMPLING_KEYS.get(key)
+        if check is None:
+            raise RegistryError(
+                f"{where}.sampling.{key}: not a sampling setting (allowed: {', '.join(SAMPLING_KEYS)}); "
+                "model, messages, max_tokens and response_format are never taken from sampling"
+            )
+        problem = check(value)
+        if problem:
+            raise RegistryError(f"{where}.sampling.{key}: {problem}")
 
 
 def _load(data: bytes, where: str) -> dict[str, Any]:
@@ -153,6 +240,8 @@ def _load(data: bytes, where: str) -> dict[str, Any]:
         value = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise IntegrityError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise IntegrityError(f"{where}: not a record (JSON nested too deeply)") from None
     if not isinstance(value, dict):
         raise IntegrityError(f"{where}: expected a JSON object")
     return value
@@ -209,6 +298,13 @@ class VersionRecord:
             IntegrityError: the file is not JSON, lacks a field, is for another name or
                 version, or its hashes do not match (it was edited after publishing).
         """
+        try:
+            return cls._from_bytes(data, where=where, name=name, version=version)
+        except (RecursionError, ValueError) as e:  # hashing a value nested too deeply, a NaN
+            raise IntegrityError(f"{where}: not a valid record ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _from_bytes(cls, data: bytes, *, where: str, name: str, version: int) -> "VersionRecord":
         value = _load(data, where)
         names = {f for f in cls.__dataclass_fields__}
         missing = sorted(names - set(value))
@@ -217,12 +313,21 @@ class VersionRecord:
         extra = sorted(set(value) - names)
         if extra:
             raise IntegrityError(f"{where}: unexpected field(s) {extra}")
-        if value["name"] != name or value["version"] != version:
-            raise IntegrityError(f"{where}: holds {value['name']}:{value['version']}, expected {name}:{version}")
+        if value["name"] != name or value["version"] != version or isinstance(value["version"], bool):
+            raise IntegrityError(f"{where}: holds {value['name']!r}:{value['version']!r}, expected {name}:{version}")
+        types = {"parent": (int, type(None)), "created_at": str, "actor": str, "content": dict, "provenance": dict,
+                 "metrics": dict, "content_hash": str, "record_hash": str, "format": str}
+        for key, kind in types.items():
+            if not isinstance(value[key], kind) or isinstance(value[key], bool):
+                raise IntegrityError(f"{where}: {key}: wrong type {type(value[key]).__name__}")
         if content_hash(value["content"]) != value["content_hash"]:
             raise IntegrityError(f"{where}: content does not match content_hash (the file was edited after publishing)")
         if _record_hash(value) != value["record_hash"]:
             raise IntegrityError(f"{where}: fields do not match record_hash (the file was edited after publishing)")
+        try:
+            check_content(value["content"], f"{where}: content", name=name)
+        except RegistryError as e:
+            raise IntegrityError(f"{e} (the stored version is not a valid template)") from None
         return cls(**value)
 
 
@@ -240,18 +345,62 @@ class LabelEvent:
     at: str
     reason: str
     labels: dict[str, int] = field(default_factory=dict)
-    """Every label of the name after this event."""
+    """Every label of the name after this event. One event may move several labels at
+    once (a publish with ``labels=[...]``): ``label``/``from_version``/``to_version``
+    describe the first; the others are the entries that differ from the previous event's
+    map (see ``collection.label_moves``)."""
 
     def to_bytes(self) -> bytes:
         return _pretty(asdict(self))
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, where: str) -> "LabelEvent":
+    def from_bytes(cls, data: bytes, *, where: str, seq: int | None = None) -> "LabelEvent":
+        """Parse and check a stored event; ``seq`` is the number its file name says.
+
+        Raises:
+            IntegrityError: naming the file and the field (a wrong type, an unknown label,
+                a number that is not the file's, a map that disagrees with the move).
+        """
         value = _load(data, where)
-        try:
-            return cls(**value)
-        except TypeError as e:
-            raise IntegrityError(f"{where}: not a label event ({e})") from None
+        names = set(cls.__dataclass_fields__)
+        missing = sorted(names - set(value))
+        if missing:
+            raise IntegrityError(f"{where}: missing field(s) {missing} (not a label event)")
+        extra = sorted(set(value) - names)
+        if extra:
+            raise IntegrityError(f"{where}: unexpected field(s) {extra} (not a label event)")
+
+        def bad(key: str, reason: str) -> IntegrityError:
+            return IntegrityError(f"{where}: {key}: {reason}")
+
+        def version(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+        if not version(value["seq"]):
+            raise bad("seq", f"must be a positive integer, got {value['seq']!r}")
+        if seq is not None and value["seq"] != seq:
+            raise bad("seq", f"is {value['seq']}, but the file is event {seq}")
+        if not isinstance(value["label"], str) or not _LABEL.fullmatch(value["label"]):
+            raise bad("label", f"not a valid label: {value['label']!r}")
+        if value["from_version"] is not None and not version(value["from_version"]):
+            raise bad("from_version", f"must be a positive integer or null, got {value['from_version']!r}")
+        if not version(value["to_version"]):
+            raise bad("to_version", f"must be a positive integer, got {value['to_version']!r}")
+        if value["action"] not in _ACTIONS:
+            raise bad("action", f"must be one of {_ACTIONS}, got {value['action']!r}")
+        for key in ("actor", "at", "reason"):
+            if not isinstance(value[key], str):
+                raise bad(key, f"must be a string, got {value[key]!r}")
+        labels = value["labels"]
+        if not isinstance(labels, dict):
+            raise bad("labels", f"must be an object of label -> version, got {labels!r}")
+        for k, v in labels.items():
+            if not _LABEL.fullmatch(k) or not version(v):
+                raise bad(f"labels.{k}", f"must map a valid label to a positive integer, got {v!r}")
+        if labels.get(value["label"]) != value["to_version"]:
+            raise bad("labels", f"says {value['label']}={labels.get(value['label'])!r}, but the event moves it to "
+                                f"{value['to_version']}")
+        return cls(**value)
 
 
 @dataclass(frozen=True)

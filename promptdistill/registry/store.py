@@ -13,6 +13,16 @@ Layout under the root (a folder, or any fsspec URL such as ``s3://bucket/prompts
 Nothing is ever overwritten except the label checkpoint. See ``collection`` for how
 concurrent publishers and label moves stay safe without locks.
 
+The label ordering rule:
+
+* ``publish(..., labels=[...])`` moves all its labels in one event (all or none), and
+  only forward: a label that already points at a newer version (a concurrent publisher
+  got there first) is left where it is, and a warning is logged. Two publishers racing
+  therefore never move ``production`` back to the older of their versions.
+* ``set_label`` and ``rollback`` are an operator's explicit choice and may move a label
+  anywhere. ``set_label(..., expected=N)`` is a compare-and-set: the move happens only
+  if the label still points at N when it is recorded (``expected=None``: only if unset).
+
 Example::
 
     reg = Registry("artifacts/registry")
@@ -24,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import socket
 import subprocess
@@ -32,7 +43,7 @@ from typing import Any, Iterable, Mapping
 
 from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
 from promptdistill.registry.backend import Backend, open_backend
-from promptdistill.registry.collection import Collection, label_stack, utc_now
+from promptdistill.registry.collection import Collection, label_moves, label_stack, utc_now
 from promptdistill.registry.hashing import content_hash, sha256_hex, to_json_value
 from promptdistill.registry.records import (
     ArtifactRecord,
@@ -45,7 +56,18 @@ from promptdistill.registry.records import (
     parse_ref,
 )
 
-__all__ = ["Registry", "code_provenance", "default_actor"]
+__all__ = ["ANY_VERSION", "Registry", "code_provenance", "default_actor"]
+
+logger = logging.getLogger("promptdistill.registry")
+
+
+class _AnyVersion:
+    def __repr__(self) -> str:
+        return "ANY_VERSION"
+
+
+ANY_VERSION: Any = _AnyVersion()
+"""``set_label(expected=ANY_VERSION)`` (the default): move the label whatever it holds."""
 
 
 def default_actor() -> str:
@@ -103,8 +125,15 @@ class Registry:
 
     # ------------------------------------------------------------------ reading
     def names(self) -> list[str]:
-        """Template names that have at least one version."""
-        return [n for n in self.backend.list("templates") if self._templates(n).versions()]
+        """Template names that have at least one version.
+
+        Raises:
+            StoreUnavailableError: the root is unreachable or holds no registry at all.
+        """
+        found = [n for n in self.backend.list("templates") if self._templates(n).versions()]
+        if not found:
+            self.backend.check_available()  # an empty mount point is not "no templates"
+        return found
 
     def versions(self, name: str) -> list[int]:
         """Version numbers of a template, ascending (empty if unknown)."""
@@ -139,9 +168,10 @@ class Registry:
         return self.get_version(name, version)
 
     def history(self, name: str, label: str | None = None) -> list[LabelEvent]:
-        """Label moves of a template, oldest first (of one label if given)."""
+        """Label events of a template, oldest first; with ``label``, that label's moves only
+        (an event that moved several labels shows as this label's move)."""
         events = self._templates(name).history()
-        return [e for e in events if label is None or e.label == check_label(label)]
+        return events if label is None else label_moves(events, check_label(label))
 
     # ------------------------------------------------------------------ writing
     def publish(
@@ -159,17 +189,18 @@ class Registry:
         """Store ``content`` as the next version of ``name``; then set ``labels`` to it.
 
         The version appears whole or not at all; concurrent publishers get distinct
-        numbers. ``provenance`` gets a ``code`` entry (project version and git commit)
-        unless it has one.
+        numbers. The labels are then moved in one event, all or none, and only forward
+        (see the module docstring). ``provenance`` gets a ``code`` entry (project version
+        and git commit) unless it has one.
 
         Raises:
             RegistryError: a bad name, label, parent or content (naming the field).
         """
         coll = self._templates(name)
-        labels = [check_label(x) for x in labels]
+        labels = list(dict.fromkeys(check_label(x) for x in labels))
         self.backend.ensure_root()
         content = to_json_value(dict(content) if isinstance(content, Mapping) else content, "content")
-        check_content(content, f"{name}: content")
+        check_content(content, f"{name}: content", name=name)
         if parent is not None:
             self.get_version(name, parent)  # must exist and be intact
         provenance = to_json_value(dict(provenance or {}), "provenance")
@@ -188,17 +219,47 @@ class Registry:
             return records[version].to_bytes()
 
         version = coll.create_version(build)
-        for label in labels:
-            self.set_label(name, label, version, actor=actor, reason=reason or "published")
+        if labels:
+            self._move_forward(coll, labels, version, actor=actor, reason=reason or "published")
         return records[version]
 
-    def set_label(self, name: str, label: str, version: int, *, actor: str | None = None, reason: str = "") -> LabelEvent:
-        """Point ``label`` at an existing, intact ``version`` and record the move."""
+    @staticmethod
+    def _move_forward(coll: Collection, labels: list[str], version: int, *, actor: str, reason: str) -> None:
+        """Point ``labels`` at ``version`` in one event, except those already at a newer one."""
+
+        def target(_events: Any, current: dict[str, int]) -> dict[str, int]:
+            newer = {x: current[x] for x in labels if current.get(x, 0) > version}
+            if newer:
+                logger.warning("%s: %s already at newer version(s) %s; left there (a publish never moves a "
+                               "label back)", coll.backend.url(coll.prefix), coll.what, newer)
+            return {x: version for x in labels if x not in newer}
+
+        coll.move_labels(target, action="set", actor=actor, reason=reason)
+
+    def set_label(self, name: str, label: str, version: int, *, actor: str | None = None, reason: str = "",
+                  expected: Any = ANY_VERSION) -> LabelEvent:
+        """Point ``label`` at an existing, intact ``version`` and record the move.
+
+        Args:
+            expected: compare-and-set: move only if the label points at this version when
+                the move is recorded (None: only if it is unset). Default: whatever it holds.
+
+        Raises:
+            RegistryError: ``expected`` was given and the label holds something else.
+        """
         self.get_version(name, check_version(version))
-        return self._templates(name).move_label(
-            check_label(label), lambda _events, _labels: version,
-            action="set", actor=actor or default_actor(), reason=reason,
-        )
+        coll = self._templates(name)
+        check_label(label)
+
+        def target(_events: Any, labels: dict[str, int]) -> int:
+            if expected is not ANY_VERSION and labels.get(label) != expected:
+                raise RegistryError(
+                    f"{coll.backend.url(coll.prefix)}: label {label!r} points at {labels.get(label)}, not "
+                    f"{expected} (moved by someone else); not moved to {version}"
+                )
+            return version
+
+        return coll.move_label(label, target, action="set", actor=actor or default_actor(), reason=reason)
 
     def rollback(self, name: str, label: str, *, actor: str | None = None, reason: str = "") -> LabelEvent:
         """Move ``label`` back to the version it had before its current one.
@@ -246,7 +307,7 @@ class Registry:
         visible only when its manifest is created, so it appears whole or not at all.
         """
         coll = self._artifacts(kind, name)
-        labels = [check_label(x) for x in labels]
+        labels = list(dict.fromkeys(check_label(x) for x in labels))
         if not files:
             raise RegistryError(f"artifact {kind}/{name}: needs at least one file")
         self.backend.ensure_root()
@@ -272,8 +333,8 @@ class Registry:
             return records[version].to_bytes()
 
         version = coll.create_version(build)
-        for label in labels:
-            coll.move_label(label, lambda _e, _l: version, action="set", actor=actor, reason="published")
+        if labels:
+            self._move_forward(coll, labels, version, actor=actor, reason="published")
         return records[version]
 
     def artifact_names(self, kind: str) -> list[str]:
@@ -292,6 +353,7 @@ class Registry:
         elif version is None:
             known = coll.versions()
             if not known:
+                self.backend.check_available()
                 raise TemplateNotFoundError(f"{self.root}: unknown artifact {kind}/{name}")
             version = known[-1]
         data = coll.read_version(check_version(version))
