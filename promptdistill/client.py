@@ -14,9 +14,20 @@ Example::
     data = t.parse(reply)                                  # json.loads + JSON Schema check
 
 Caching: a version is immutable, so once loaded (and its hash verified) it is kept for
-the life of the process. A label is re-resolved when its entry is older than ``ttl_s``;
-if the store cannot be reached then, the last good version keeps being served and a
-warning is logged. An unknown name, label or version is always an error.
+the life of the process. A label is re-resolved when its entry is older than ``ttl_s``.
+
+Waiting is bounded (see docs/client.md): the store is read in a background thread, one
+per template and label, never under a lock shared with other templates. A label that
+has a last good copy waits at most ``timeout_s`` (0.5 s) for its refresh, then is
+served from that copy while the refresh goes on (stale-while-revalidate); a cold get
+waits at most ``cold_timeout_s``. When a refresh fails (store unreachable or hanging,
+or a corrupt label history or version) the last good copy keeps being served, a
+warning is logged, and the store is asked again ``ttl_s`` after the failure was seen.
+An unknown name, label or version from a store that holds a registry is always an
+error, never another version instead.
+
+Input values are checked for chat special-token strings (``<|im_end|>``,
+``[INST]``, ...) before rendering: see ``DEFAULT_SPECIAL_TOKENS``.
 """
 
 from __future__ import annotations
@@ -24,24 +35,92 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jsonschema
 
 from promptdistill.core.config import load_settings
-from promptdistill.core.errors import InvalidReplyError, RegistryError
+from promptdistill.core.errors import IntegrityError, InvalidReplyError, PromptDistillError, RegistryError
 from promptdistill.registry.backend import StoreUnavailableError
 from promptdistill.registry.records import VersionRecord, parse_ref
 from promptdistill.registry.store import Registry
 from promptdistill.specs.render import placeholders, render_messages
 
-__all__ = ["StoreUnavailableError", "Template", "Templates"]
+__all__ = ["DEFAULT_SPECIAL_TOKENS", "SpecialTokenError", "StoreUnavailableError", "Template", "Templates"]
 
 logger = logging.getLogger("promptdistill.client")
 
 _EXCERPT_CHARS = 200
+
+DEFAULT_SPECIAL_TOKENS: tuple[str, ...] = (
+    # ChatML (Qwen, SmolLM, ...), Llama 3, Phi-3: also caught by the <|name|> shape below.
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>",
+    "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+    "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+    # Llama 2 and Mistral.
+    "<s>", "</s>", "[INST]", "[/INST]", "<<SYS>>", "<</SYS>>",
+    "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+    # Gemma.
+    "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>",
+)
+"""Special-token strings looked for in input values. Besides these, anything shaped
+like ``<|name|>`` or ``<｜name｜>`` (the convention of most current chat models) is
+matched. A vLLM server tokenizes the templated chat text in one go, so such a string
+in a value would become a real role marker there."""
+
+_SHAPES = r"<\|[A-Za-z0-9_.:/-]{1,48}\|>|<\uff5c[^\uff5c<>]{1,48}\uff5c>"
+_ZWSP = "\u200b"
+_POLICIES = ("escape", "reject", "keep")
+
+
+class SpecialTokenError(RegistryError, ValueError):
+    """An input value holds a chat special-token string and the policy is ``reject``."""
+
+
+class _Markers:
+    """The special-token policy: find the strings, then escape them, refuse them, or keep them.
+
+    Escaping inserts a zero-width space after the first character (``<\u200b|im_end|>``):
+    the model reads nearly the same text, and no tokenizer matches it as a special token.
+    """
+
+    __slots__ = ("policy", "pattern")
+
+    def __init__(self, tokens: Iterable[str], policy: str) -> None:
+        if policy not in _POLICIES:
+            raise ValueError(f"on_special_tokens must be one of {_POLICIES}, got {policy!r}")
+        tokens = [t for t in tokens if isinstance(t, str) and t]
+        self.policy = policy
+        alternatives = [re.escape(t) for t in sorted(set(tokens), key=len, reverse=True)] + [_SHAPES]
+        self.pattern = re.compile("|".join(alternatives))
+
+    def apply(self, values: Mapping[str, Any], ref: str) -> Mapping[str, Any]:
+        if self.policy == "keep":
+            return values
+        out: dict[str, Any] | None = None
+        for name, value in values.items():
+            # The same text render_text would insert (objects as JSON, others as str).
+            text = value if type(value) is str else (
+                json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value))
+            m = self.pattern.search(text)
+            if m is None:
+                continue
+            if self.policy == "reject":
+                raise SpecialTokenError(
+                    f"{ref}: input {name!r}: holds the special-token string {m.group(0)!r} at char {m.start()}; "
+                    "the policy is 'reject' (use on_special_tokens='escape' to neutralise it)"
+                )
+            if out is None:
+                out = dict(values)
+            out[name] = self.pattern.sub(lambda t: t.group(0)[0] + _ZWSP + t.group(0)[1:], text)
+        return values if out is None else out
+
+
+_DEFAULT_MARKERS = _Markers(DEFAULT_SPECIAL_TOKENS, "escape")
 
 
 class Template:
@@ -52,10 +131,12 @@ class Template:
     """
 
     __slots__ = ("record", "name", "version", "content_hash", "inputs", "_system", "_user", "_required",
-                 "_declared", "_schema", "_validator", "_response_format_json", "_sampling_json", "_max_tokens")
+                 "_declared", "_schema", "_validator", "_response_format_json", "_sampling_json", "_max_tokens",
+                 "_markers")
 
-    def __init__(self, record: VersionRecord) -> None:
+    def __init__(self, record: VersionRecord, *, markers: _Markers = _DEFAULT_MARKERS) -> None:
         content = record.content
+        self._markers = markers
         self.record = record
         self.name = record.name
         self.version = record.version
@@ -92,11 +173,15 @@ class Template:
     def render(self, inputs: Mapping[str, Any] | None = None, /, **kwargs: Any) -> list[dict[str, str]]:
         """Chat messages for one request, with the optimizer's own rendering function.
 
+        Special-token strings in values are escaped, or refused, as the ``Templates``
+        policy says (``on_special_tokens``; see ``DEFAULT_SPECIAL_TOKENS``).
+
         Args:
             inputs: input values by name (or pass them as keyword arguments).
 
         Raises:
             TypeError: an input the template needs is missing, or an unknown one is given.
+            SpecialTokenError: a value holds a special-token string and the policy is 'reject'.
         """
         values = {**inputs, **kwargs} if inputs is not None else kwargs
         keys = values.keys()
@@ -105,7 +190,7 @@ class Template:
             unknown = sorted(keys - self._declared)
             problem = f"missing input(s) {missing}" if missing else f"unknown input(s) {unknown}"
             raise TypeError(f"{self.ref}: {problem}; the template takes {list(self.inputs)}")
-        return render_messages(self._system, self._user, values)
+        return render_messages(self._system, self._user, self._markers.apply(values, self.ref))
 
     @property
     def response_format(self) -> dict[str, Any] | None:
@@ -141,13 +226,18 @@ class Template:
     def request_body(self, inputs: Mapping[str, Any], *, model: str, **overrides: Any) -> dict[str, Any]:
         """A ready OpenAI-compatible ``/v1/chat/completions`` body.
 
+        The template's sampling settings come first, so they can never replace
+        ``model``, ``messages``, ``max_tokens`` or ``response_format`` (the registry also
+        refuses any sampling key that is not a sampling setting).
+
         Args:
             inputs: input values by name.
             model: the served model name.
-            **overrides: extra or replacement body fields (``stream=True``, ``seed=1``).
+            **overrides: extra or replacement body fields (``stream=True``, ``seed=1``): the caller's.
         """
-        body: dict[str, Any] = {"model": model, "messages": self.render(inputs)}
-        body.update(json.loads(self._sampling_json))
+        body: dict[str, Any] = json.loads(self._sampling_json)
+        body["model"] = model
+        body["messages"] = self.render(inputs)
         if self._max_tokens is not None:
             body["max_tokens"] = self._max_tokens
         response_format = json.loads(self._response_format_json)
@@ -186,29 +276,58 @@ class Template:
         return value
 
 
+class _Flight:
+    """One read of the store in progress, shared by every caller waiting for the same key."""
+
+    __slots__ = ("started", "done", "result", "error", "warned")
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.result: Template | None = None
+        self.error: BaseException | None = None
+        self.warned = False
+
+
 class Templates:
     """Load templates by label or version from a registry root, with a TTL cache.
 
     Args:
         root: the registry folder or fsspec URL; None uses the configured registry
             (``[paths] registry`` / ``$PROMPTDISTILL_REGISTRY``).
-        ttl_s: how long a label's resolution is trusted before it is checked again.
-        storage_options: fsspec options for URL roots.
+        ttl_s: how long a label's resolution is trusted before it is checked again; also
+            how long after a failed check the store is left alone (counted from when the
+            failure was seen).
+        timeout_s: the longest a ``get`` waits for the store when it has a last good copy
+            to serve instead.
+        cold_timeout_s: the longest a ``get`` waits when it has nothing to serve instead.
+        storage_options: fsspec options for URL roots (over the bounded defaults of
+            ``promptdistill.registry.backend.DEFAULT_S3_OPTIONS``).
+        special_tokens: special-token strings to look for in input values.
+        on_special_tokens: 'escape' (default: insert a zero-width space so the string is
+            plain text to any tokenizer), 'reject' (raise SpecialTokenError) or 'keep'.
     """
 
-    def __init__(self, root: str | None = None, *, ttl_s: float = 60.0,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, root: str | None = None, *, ttl_s: float = 60.0, timeout_s: float = 0.5,
+                 cold_timeout_s: float = 10.0, storage_options: Mapping[str, Any] | None = None,
+                 special_tokens: Iterable[str] = DEFAULT_SPECIAL_TOKENS, on_special_tokens: str = "escape") -> None:
         if root is None:
             root = load_settings().registry
-        if ttl_s < 0:
-            raise ValueError(f"ttl_s must be >= 0, got {ttl_s}.")
+        for what, value in (("ttl_s", ttl_s), ("timeout_s", timeout_s), ("cold_timeout_s", cold_timeout_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+                raise ValueError(f"{what} must be a finite number >= 0, got {value!r}.")
         self.root = root
-        self.ttl_s = ttl_s
+        self.ttl_s = float(ttl_s)
+        self.timeout_s = float(timeout_s)
+        self.cold_timeout_s = float(cold_timeout_s)
         self.registry = Registry(root, storage_options=storage_options)
+        self._markers = _Markers(special_tokens, on_special_tokens)
         self._templates: dict[tuple[str, int], Template] = {}
-        self._labels: dict[tuple[str, str], tuple[int, float]] = {}  # -> (version, expires_at)
+        self._labels: dict[tuple[str, str], tuple[int, float]] = {}  # -> (version, next check at)
         self._refs: dict[str, tuple[str, str | None, int | None]] = {}
-        self._lock = threading.Lock()
+        # Guards _flights only, for a few dict operations: never held during I/O.
+        self._flights_lock = threading.Lock()
+        self._flights: dict[tuple[str, str, Any], _Flight] = {}
 
     def __repr__(self) -> str:
         return f"Templates({self.root!r}, ttl_s={self.ttl_s})"
@@ -220,8 +339,9 @@ class Templates:
 
         Raises:
             TemplateNotFoundError: unknown name, label or version (never another version instead).
-            IntegrityError: the stored version fails its hash check.
-            StoreUnavailableError: the store cannot be reached and nothing was loaded before.
+            IntegrityError: the stored version fails its hash check (and nothing was loaded before).
+            StoreUnavailableError: the store cannot be reached, or did not answer within
+                ``cold_timeout_s``, and nothing was loaded before.
         """
         if label is None and version is None:
             parsed = self._refs.get(ref)
@@ -234,45 +354,128 @@ class Templates:
             name, label, version = parse_ref(ref, label=label, version=version)
         if version is not None:
             template = self._templates.get((name, version))
-            return template if template is not None else self._load(name, version)
+            return template if template is not None else self._get_version(name, version)
         entry = self._labels.get((name, label))
         if entry is not None and entry[1] > time.monotonic():
             template = self._templates.get((name, entry[0]))
             if template is not None:
                 return template
-        return self._refresh_label(name, label)
+        return self._refresh_label(name, label, entry)
 
     def clear(self) -> None:
         """Forget every cached label resolution and version."""
-        with self._lock:
-            self._templates.clear()
-            self._labels.clear()
+        self._templates.clear()
+        self._labels.clear()
 
+    # ------------------------------------------------------------------ loading
     def _load(self, name: str, version: int) -> Template:
-        template = Template(self.registry.get_version(name, version))
+        template = Template(self.registry.get_version(name, version), markers=self._markers)
         self._templates[(name, version)] = template
         return template
 
-    def _refresh_label(self, name: str, label: str) -> Template:
-        with self._lock:
-            entry = self._labels.get((name, label))
-            now = time.monotonic()
-            if entry is not None and entry[1] > now and (name, entry[0]) in self._templates:
-                return self._templates[(name, entry[0])]  # another thread refreshed it
+    def _flight(self, key: tuple[str, str, Any], work: Callable[[], Template]) -> _Flight:
+        """The read in progress for ``key``, or a new one started in its own thread."""
+        with self._flights_lock:
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight
+            flight = self._flights[key] = _Flight()
+
+        def run() -> None:
             try:
-                version = self.registry.resolve(name, label)
-                template = self._templates.get((name, version)) or self._load(name, version)
-            except StoreUnavailableError as e:
-                if entry is None or (name, entry[0]) not in self._templates:
-                    raise
-                logger.warning(
-                    "registry %s unreachable; serving last good copy %s:%s for %s@%s (retrying in %.0f s): %s",
-                    self.root, name, entry[0], name, label, self.ttl_s, e,
-                )
-                self._labels[(name, label)] = (entry[0], now + self.ttl_s)
-                return self._templates[(name, entry[0])]
-            self._labels[(name, label)] = (version, time.monotonic() + self.ttl_s)
-            return template
+                flight.result = work()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting callers
+                flight.error = e
+            finally:
+                with self._flights_lock:
+                    if self._flights.get(key) is flight:
+                        del self._flights[key]
+                flight.done.set()
+
+        threading.Thread(target=run, name=f"promptdistill-client-{key[1]}", daemon=True).start()
+        return flight
+
+    def _wait(self, flight: _Flight, budget_s: float) -> bool:
+        # The budget counts from when the read started: callers who join a read that is
+        # already late do not wait again.
+        return flight.done.wait(max(0.0, flight.started + budget_s - time.monotonic()))
+
+    def _get_version(self, name: str, version: int) -> Template:
+        flight = self._flight(("v", name, version), lambda: self._load(name, version))
+        if not self._wait(flight, self.cold_timeout_s):
+            raise StoreUnavailableError(
+                f"{self.root}: no answer within {self.cold_timeout_s:g} s loading {name}:{version} "
+                "(the store is slow or hanging; nothing was loaded before)"
+            )
+        if flight.error is not None:
+            raise _fresh(flight.error)
+        assert flight.result is not None
+        return flight.result
+
+    def _refresh_label(self, name: str, label: str, entry: tuple[int, float] | None) -> Template:
+        good = self._templates.get((name, entry[0])) if entry is not None else None
+        flight = self._flight(("l", name, label), lambda: self._resolve(name, label))
+        if self._wait(flight, self.timeout_s if good is not None else self.cold_timeout_s):
+            if flight.error is None:
+                assert flight.result is not None
+                return flight.result
+            if good is not None and isinstance(flight.error, _FALLBACK):
+                return good  # the reader logged it and set the back-off
+            raise _fresh(flight.error)
+        if good is None:
+            raise StoreUnavailableError(
+                f"{self.root}: no answer within {self.cold_timeout_s:g} s resolving {name}@{label} "
+                "(the store is slow or hanging; nothing was loaded before)"
+            )
+        # Too slow: serve the last good copy now; the read goes on and updates the cache
+        # when it ends. Until then, callers get the copy without waiting again.
+        self._labels[(name, label)] = (good.version, time.monotonic() + self.ttl_s)
+        if not flight.warned:
+            flight.warned = True
+            logger.warning(
+                "registry %s did not answer within %.3g s; serving last good copy %s for %s@%s "
+                "while the refresh goes on", self.root, self.timeout_s, good.ref, name, label,
+            )
+        return good
+
+    def _resolve(self, name: str, label: str) -> Template:
+        """Resolve a label and load its version (in a reader thread); update the cache."""
+        key = (name, label)
+        try:
+            version = self.registry.resolve(name, label)
+            template = self._templates.get((name, version)) or self._load(name, version)
+        except _FALLBACK as e:
+            entry = self._labels.get(key)
+            good = self._templates.get((name, entry[0])) if entry is not None else None
+            if good is None:
+                raise
+            # Stamped after the failed call: a store slower than ttl_s is still left alone for ttl_s.
+            self._labels[key] = (good.version, time.monotonic() + self.ttl_s)
+            if isinstance(e, StoreUnavailableError):
+                logger.warning("registry %s unreachable; serving last good copy %s for %s@%s (retrying in %.0f s): %s",
+                               self.root, good.ref, name, label, self.ttl_s, e)
+            else:
+                logger.error("registry %s: %s@%s cannot be resolved; serving last good copy %s "
+                             "(retrying in %.0f s): %s: %s", self.root, name, label, good.ref, self.ttl_s,
+                             type(e).__name__, e)
+            raise
+        self._labels[key] = (version, time.monotonic() + self.ttl_s)
+        return template
+
+
+# What a warm label survives by serving its last good copy: the store unreachable, or a
+# corrupt history or version. Unknown names, labels and versions stay errors.
+_FALLBACK = (StoreUnavailableError, IntegrityError)
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A new exception like ``error``: several callers may raise what one reader caught."""
+    if isinstance(error, PromptDistillError):
+        try:
+            return type(error)(*error.args)
+        except TypeError:
+            pass
+    return error
 
 
 def _schema_name(name: str) -> str:

@@ -41,10 +41,12 @@ def test_get_by_label_version_and_uri(reg):
 
 
 def test_render_is_the_optimizers_rendering(reg):
-    t = Templates(reg.root).get("summarize@production")
+    t = Templates(reg.root, on_special_tokens="keep").get("summarize@production")
     content = reg.get_version("summarize", 1).content
     text = "A {text} with <|im_start|>system markers and {{braces}}"
     assert t.render(text=text) == render_messages(content["system"], content["user"], {"text": text})
+    plain = Templates(reg.root).get("summarize@production")  # the default policy changes only markers
+    assert plain.render(text="A {text} and {{braces}}") == t.render(text="A {text} and {{braces}}")
     assert t.render({"text": "x"}) == t.render(text="x")
     assert t.render(text="x")[0] == {"role": "system", "content": "Summarize. Braces {like this} stay."}
     with pytest.raises(TypeError, match=r"missing input\(s\) \['text'\]"):
@@ -70,7 +72,7 @@ def test_request_body_is_openai_compatible(reg):
 
 def test_template_without_schema(tmp_path):
     reg = Registry(tmp_path)
-    reg.publish("chat.v2", make_content(output_schema=None, response_format="none", max_tokens=None),
+    reg.publish("chat.v2", make_content(output_schema=None, response_format="none", max_tokens=None, name="chat.v2"),
                 labels=["production"])
     t = Templates(reg.root).get("chat.v2@production")
     assert t.response_format is None and t.max_tokens is None
