@@ -309,6 +309,7 @@ def test_cli_render(capsys, monkeypatch):
     assert out.startswith("=== system ===\n") and "=== user ===\nQuestion:" in out and "=== expected (wp-0100) ===" in out
     assert main(["spec", "render", "ticket_triage", "--json", "--examples", "0"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["record"] == "tt-0061" and "Examples:" not in payload["messages"][0]["content"]
-    assert main(["spec", "render", "ticket_triage", "--id", "nope"]) == 1
+    first_dev = next(r["id"] for r in map(json.loads, (ROOT / "datasets/ticket_triage.jsonl").open()) if r["split"] == "dev")
+    assert payload["record"] == first_dev and "Examples:" not in payload["messages"][0]["content"]
+    assert main(["spec", "render", "ticket_triage", "--id", "nope"]) == 2  # bad input: like argparse's usage errors
     assert "SpecError: " in capsys.readouterr().err

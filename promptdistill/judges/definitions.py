@@ -27,11 +27,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
-
 from promptdistill.core.config import load_settings
 from promptdistill.core.errors import SchemaError, SpecError
 from promptdistill.engine.base import check_schema
+from promptdistill.specs.checks import read_yaml
 from promptdistill.specs.render import TemplateSyntaxError, check_template, render_messages
 
 __all__ = [
@@ -47,6 +46,8 @@ __all__ = [
 _KINDS = ("judge", "generator")
 _KEYS = {"name", "version", "kind", "description", "instruction", "inputs", "user", "output_schema", "max_tokens"}
 _ELLIPSIS = " [...]"
+MAX_JUDGE_BYTES = 256 * 1024
+"""A judge file larger than this is refused (the built-ins are ~2 KB)."""
 
 
 BUILTIN_DIR = Path(str(resources.files("promptdistill.judges").joinpath("builtin")))
@@ -147,10 +148,10 @@ def load_judge(name: str, directory: str | os.PathLike[str] | None = None) -> Ju
     if path is None:
         known = ", ".join(list_judges(directory)) or "none"
         raise SpecError(f"{roots[0] / (name + '.yaml')}: no such judge definition (known: {known})")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    # The spec files' loader: UTF-8 only, bounded size, aliases and expanded nodes.
+    data, problem = read_yaml(path, max_bytes=MAX_JUDGE_BYTES)
+    if problem:
+        raise SpecError(f"{path}: {problem}")
     return parse_judge(data, source=str(path), expected_name=name)
 
 

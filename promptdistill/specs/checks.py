@@ -3,9 +3,12 @@
 Every problem is reported, not just the first, as ``file: path.to.field: reason``.
 Three layers:
 
-1. :func:`read_spec_data` parses the YAML safely (no language tags, no duplicate keys),
-   validates it against ``schemas/prompt_spec.schema.json`` and checks what the file
-   implies on disk (``name`` equals the stem, the dataset file exists);
+1. :func:`read_spec_data` parses the YAML safely (:func:`read_yaml`: UTF-8 only, at most
+   ``MAX_SPEC_BYTES``, no language tags, no duplicate keys, a bounded number of aliases
+   and of nodes once aliases are expanded, so an alias bomb is refused at load time
+   instead of exhausting memory later), validates it against
+   ``schemas/prompt_spec.schema.json`` and checks what the file implies on disk
+   (``name`` equals the stem, the dataset file exists);
 2. :func:`spec_errors` checks what a schema cannot express on a built ``Spec``
    (placeholders declared and used, a static system part, a valid output schema, a
    metric that fits the output); ``Spec.__post_init__`` calls it, so a spec changed in
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import regex
 import yaml
 
 from promptdistill.specs.render import TemplateSyntaxError, check_template, mask_escapes, placeholders
@@ -32,10 +36,21 @@ from promptdistill.specs.text import WORD
 if TYPE_CHECKING:
     from promptdistill.specs.model import Spec
 
-__all__ = ["layout_warnings", "load_schema", "read_spec_data", "spec_errors"]
+__all__ = ["MAX_SPEC_BYTES", "MAX_YAML_ALIASES", "MAX_YAML_NODES", "layout_warnings", "load_schema",
+           "pattern_problem", "read_spec_data", "read_yaml", "spec_errors"]
 
 _NAME = re.compile(r"^[a-z0-9_]+$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+MAX_SPEC_BYTES = 1024 * 1024
+"""A spec (or judge) file larger than this is refused: the biggest bundled one is ~3 KB."""
+MAX_YAML_ALIASES = 100
+MAX_YAML_NODES = 100_000
+"""Nodes of a YAML document counted with every alias expanded (what a consumer walks)."""
+MAX_YAML_DEPTH = 64
+MAX_PATTERN_CHARS = 1000
+PATTERN_PROBE_S = 0.05
+"""How long ``metric.pattern`` may take on one probe string before it is refused."""
 
 
 @lru_cache(maxsize=1)
@@ -46,18 +61,146 @@ def load_schema() -> dict[str, Any]:
 
 
 class _StrictSafeLoader(yaml.SafeLoader):
-    """SafeLoader that also refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that also refuses duplicate keys (PyYAML silently keeps the last one)
+    and counts aliases as it composes (see :func:`read_yaml` for the other limits)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_YAML_ALIASES} aliases (*name)", self.peek_event().start_mark
+                )
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the constructor refuses it below
+                continue
+            if duplicate:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark
                 )
-            seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def _expanded_size(root: yaml.Node) -> tuple[int, int]:
+    """(nodes, depth) of a composed document with aliases expanded, without expanding
+    them (sizes are memoised per node), refusing a recursive alias."""
+    sizes: dict[int, tuple[int, int]] = {}
+    active: set[int] = set()
+
+    def walk(node: yaml.Node) -> tuple[int, int]:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise ValueError("a recursive alias (an anchor used inside itself)")
+        active.add(key)
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        count, depth = 1, 0
+        for child in children:
+            c, d = walk(child)
+            count, depth = count + c, max(depth, d)
+            if count > MAX_YAML_NODES:
+                break
+        active.discard(key)
+        sizes[key] = (count, depth + 1)
+        return sizes[key]
+
+    return walk(root)
+
+
+def read_yaml(path: str | Path, *, max_bytes: int = MAX_SPEC_BYTES) -> tuple[Any, str | None]:
+    """Parse a YAML file safely and within bounds. Returns (data, None) or (None, problem).
+
+    ``problem`` is ``where: reason`` without the file (``line 3: not valid YAML: ...``).
+    Refused: unreadable or non-UTF-8 bytes, files over ``max_bytes``, language tags,
+    duplicate keys, more than ``MAX_YAML_ALIASES`` aliases, more than ``MAX_YAML_NODES``
+    nodes with aliases expanded, nesting deeper than ``MAX_YAML_DEPTH``.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except IsADirectoryError:
+        return None, "(file): is a directory, not a YAML file"
+    except OSError as e:
+        return None, f"(file): cannot read: {e.strerror or e}"
+    if len(data) > max_bytes:
+        return None, f"(file): larger than {max_bytes // 1024} KiB; this is not a spec file"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        return None, f"line {line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
+    try:
+        loader = _StrictSafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None, None
+            nodes, depth = _expanded_size(node)
+            if nodes > MAX_YAML_NODES:
+                return None, f"(root): more than {MAX_YAML_NODES} values once aliases are expanded (an alias bomb?)"
+            if depth > MAX_YAML_DEPTH:
+                return None, f"(root): nested deeper than {MAX_YAML_DEPTH} levels"
+            return loader.construct_document(node), None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(root)"
+        problem = getattr(e, "problem", None) or str(e)
+        if isinstance(e, yaml.constructor.ConstructorError) and "tag" in str(problem):
+            problem = f"{problem} (only plain YAML is allowed: no language-specific tags)"
+        return None, f"{where}: not valid YAML: {problem}"
+    except ValueError as e:  # a recursive alias
+        return None, f"(root): not valid YAML: {e}"
+    except RecursionError:
+        return None, f"(root): nested deeper than {MAX_YAML_DEPTH} levels"
+
+
+def pattern_problem(pattern: Any) -> str | None:
+    """Why ``pattern`` cannot be a ``metric.pattern`` (None when it can).
+
+    Patterns run with the ``regex`` module under a timeout when scoring (see
+    ``promptdistill.specs.metrics``); here they are also tried on a few probe strings
+    built from their own characters, so a catastrophic one such as ``(a|a)+b`` is
+    refused at validation instead of costing a timeout per reply.
+    """
+    if not isinstance(pattern, str):
+        return f"must be a string, got {type(pattern).__name__}"
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"longer than {MAX_PATTERN_CHARS} characters"
+    try:
+        compiled = regex.compile(pattern)
+    except (regex.error, OverflowError, RecursionError) as e:
+        return f"not a valid regular expression: {e}"
+    chars = list(dict.fromkeys(c for c in pattern if c.isalnum() or c in " _-.@"))[:6] or ["a"]
+    probes = [c * 28 + "\x00" for c in chars] + ["".join(chars) * 6 + "\x00"]
+    for probe in probes:
+        try:
+            compiled.fullmatch(probe, timeout=PATTERN_PROBE_S)
+            compiled.search(probe, timeout=PATTERN_PROBE_S)
+        except TimeoutError:
+            return (f"takes longer than {PATTERN_PROBE_S * 1000:.0f} ms on the {len(probe)}-character probe "
+                    f"{probe!r} (catastrophic backtracking); rewrite it without nested repetition")
+    return None
 
 
 def _field(path: Any) -> str:
@@ -89,22 +232,15 @@ def _schema_errors(data: Any) -> list[str]:
 def read_spec_data(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
     """Parse and schema-check a spec file. Returns (data or None, ``field: reason`` errors)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        return None, [f"(file): cannot read: {e.strerror or e}"]
-    try:
-        data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "(root)"
-        problem = getattr(e, "problem", None) or str(e)
-        if isinstance(e, yaml.constructor.ConstructorError) and "tag" in str(problem):
-            problem = f"{problem} (only plain YAML is allowed: no language-specific tags)"
-        return None, [f"{where}: not valid YAML: {problem}"]
+    data, problem = read_yaml(path)
+    if problem:
+        return None, [problem]
     if not isinstance(data, dict):
         return None, [f"(root): must be a mapping of fields, got {type(data).__name__}"]
-    errors = _schema_errors(data)
+    try:
+        errors = _schema_errors(data)
+    except RecursionError:
+        return None, [f"(root): nested deeper than {MAX_YAML_DEPTH} levels"]
     name = data.get("name")
     if isinstance(name, str) and name != path.stem:
         errors.append(f"name: {name!r} must equal the file's stem {path.stem!r}")
@@ -177,10 +313,9 @@ def _output_metric_errors(spec: "Spec") -> list[str]:
     if m.tolerance < 0:
         errors.append(f"metric.tolerance: must be at least 0, got {m.tolerance}")
     if m.pattern is not None:
-        try:
-            re.compile(m.pattern)
-        except re.error as e:
-            errors.append(f"metric.pattern: not a valid regular expression: {e}")
+        problem = pattern_problem(m.pattern)
+        if problem:
+            errors.append(f"metric.pattern: {problem}")
     if props:
         if m.field and m.field not in props:
             errors.append(f"metric.field: {m.field!r} is not a property of output.schema ({', '.join(props)})")

@@ -9,6 +9,10 @@ scoring) or ``test`` (held-out verification). An optional ``meta`` object may ca
 provenance. Every problem is reported with the file and line:
 ``datasets/x.jsonl:12: inputs.foo: not declared by the spec``.
 
+Lines are strict JSON: ``NaN`` and ``Infinity`` (which Python's parser accepts) are
+refused, and so are values nested deeper than ``MAX_DEPTH`` (a line of 200,000 brackets
+is an error on that line, not a RecursionError).
+
 No Parquet cache: it is not a win at this size. Loading a bundled 180-record file takes
 about 13 ms; reading a Parquet copy (inputs/expected as JSON columns, since nested dicts
 of varying keys do not round-trip as Parquet structs) and decoding it took about 38 ms
@@ -32,9 +36,11 @@ from promptdistill.core.errors import SpecError
 if TYPE_CHECKING:  # the spec model imports the checks that load datasets
     from promptdistill.specs.model import Spec
 
-__all__ = ["SPLITS", "dataset_for", "dataset_hash", "load_dataset", "records", "write_records"]
+__all__ = ["MAX_DEPTH", "SPLITS", "dataset_for", "dataset_hash", "load_dataset", "records", "write_records"]
 
 SPLITS = ("train", "dev", "test")
+MAX_DEPTH = 64
+"""Deepest nesting of objects and lists a record may have."""
 _FIELDS = ("id", "split", "inputs", "expected")
 _OPTIONAL = ("meta",)
 _MAX_SHOWN = 20
@@ -66,6 +72,38 @@ def _line_errors(rec: Any, declared: Sequence[str] | None) -> list[str]:
     return errors
 
 
+class _NotJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not JSON (write null for a missing number)")
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests deeper than MAX_DEPTH (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_DEPTH:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _load_line(line: str) -> Any:
+    """One line as strict JSON. Raises json.JSONDecodeError or _NotJSON."""
+    try:
+        value = json.loads(line, parse_constant=_no_constant)
+    except RecursionError:
+        raise _NotJSON(f"nested deeper than {MAX_DEPTH} levels") from None
+    if _too_deep(value):
+        raise _NotJSON(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
 def _parse(path: Path, declared: Sequence[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
     rows: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -74,15 +112,22 @@ def _parse(path: Path, declared: Sequence[str] | None) -> tuple[list[dict[str, A
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return [], [f"{path}: dataset file not found"]
-    except (OSError, UnicodeDecodeError) as e:
-        return [], [f"{path}: cannot read: {e}"]
-    for n, line in enumerate(text.splitlines(), start=1):
+    except IsADirectoryError:
+        return [], [f"{path}: is a directory, not a dataset file"]
+    except UnicodeDecodeError as e:
+        return [], [f"{path}: not UTF-8 text (byte at offset {e.start})"]
+    except OSError as e:
+        return [], [f"{path}: cannot read: {e.strerror or e}"]
+    for n, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = _load_line(line)
         except json.JSONDecodeError as e:
             errors.append(f"{path}:{n}: malformed JSON: {e.msg} at column {e.colno}")
+            continue
+        except _NotJSON as e:
+            errors.append(f"{path}:{n}: malformed JSON: {e}")
             continue
         problems = _line_errors(rec, declared)
         if isinstance(rec, dict) and isinstance(rec.get("id"), str):
@@ -173,7 +218,10 @@ def write_records(path: str | os.PathLike[str], recs: Iterable[Mapping[str, Any]
         problems = _line_errors(dict(rec), None)
         if problems:
             raise SpecError(f"{path}:{n}: {problems[0]}")
-        lines.append(json.dumps(rec, ensure_ascii=False, sort_keys=False))
+        try:
+            lines.append(json.dumps(rec, ensure_ascii=False, sort_keys=False, allow_nan=False))
+        except (ValueError, TypeError, RecursionError) as e:
+            raise SpecError(f"{path}:{n}: not JSON: {e}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

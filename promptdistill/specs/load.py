@@ -2,8 +2,9 @@
 
 ``load_spec`` reads ``prompts/<name>.yaml`` (safe YAML, the shipped JSON Schema, then
 meaning: see :mod:`promptdistill.specs.checks`); ``validate_spec_file`` adds the dataset:
-every line loads, inputs match the spec, expected values fit the metric, and the train
-split can supply the examples. Every problem is reported as ``file: field: reason``.
+every line loads, inputs match the spec, expected values fit the metric, the dev and
+test splits are not empty, and the train split can supply the examples. Every problem is
+reported as ``file: field: reason``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def _dataset_errors(spec: Spec) -> list[str]:
         if problem:
             errors.append(f"{spec.dataset}:{line}: expected: {problem} (record {rec_id!r})")
     train = records(df, "train")
+    for split, why in (("dev", "the optimizer scores candidates on it"), ("test", "the winner is verified on it")):
+        if not (df["split"] == split).any():
+            errors.append(f"{spec.dataset}: split: no {split} records ({why})")
     ex = spec.examples
     wanted = [p[len("expected_"):] for p in placeholders(ex.format or "") if p.startswith("expected_")]
     for r in train if wanted else ():

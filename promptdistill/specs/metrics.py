@@ -21,20 +21,32 @@ Kinds:
 
 ``pattern`` (not for ``json_field``), when set, is a regular expression the whole answer (whitespace and one
 pair of surrounding quotes stripped, case kept) must match; otherwise the score is 0.
-It is how format rules ("a lowercase slug", "an ISO date") are scored.
+It is how format rules ("a lowercase slug", "an ISO date") are scored. Patterns run on
+the ``regex`` module with a timeout (``PATTERN_TIMEOUT_S``), never on ``re``: a model
+reply is untrusted input, and a backtracking pattern must not hang scoring. A match
+that times out scores 0 (and is logged).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import re
 from typing import Any, Mapping
 
+import regex
+
 from promptdistill.specs.model import MetricSpec
 
-__all__ = ["expected_error", "extract_answer", "last_number", "parse_reply", "score_reply"]
+__all__ = ["PATTERN_TIMEOUT_S", "expected_error", "extract_answer", "last_number", "parse_reply", "pattern_matches",
+           "score_reply"]
+
+logger = logging.getLogger("promptdistill.metrics")
+
+PATTERN_TIMEOUT_S = 0.05
+"""The longest one ``metric.pattern`` match may take (a validated pattern takes microseconds)."""
 
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.S)
 _NUMBER = re.compile(r"(?<![\d.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\d.])-?\.\d+")
@@ -159,16 +171,25 @@ def _values_match(got: Any, want: Any, tolerance: float, case_sensitive: bool) -
     return _norm(got, case_sensitive) == _norm(want, case_sensitive)
 
 
+def pattern_matches(pattern: str, text: str) -> bool | None:
+    """Whether ``pattern`` matches the whole ``text``: None if it timed out or is invalid."""
+    try:
+        return regex.fullmatch(pattern, text, timeout=PATTERN_TIMEOUT_S) is not None
+    except TimeoutError:
+        logger.warning("metric.pattern %r took longer than %.0f ms on a %d-character answer; scored as no match",
+                       pattern, PATTERN_TIMEOUT_S * 1000, len(text))
+        return None
+    except (regex.error, OverflowError, RecursionError):
+        return None
+
+
 def _pattern_ok(pattern: str | None, answer: Any) -> bool:
     if pattern is None:
         return True
     if answer is _MISSING or answer is None:
         return False
     text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
-    try:
-        return re.fullmatch(pattern, _strip_quotes(text)) is not None
-    except re.error:
-        return False
+    return bool(pattern_matches(pattern, _strip_quotes(text)))
 
 
 def score_reply(
@@ -251,6 +272,15 @@ def expected_error(metric: MetricSpec, expected: Any) -> str | None:
         return None if ok else f"contains needs a string or a list of strings, got {value!r}"
     if not isinstance(value, (str, int, float, bool)):
         return f"an exact metric needs a string or number, got {type(value).__name__}"
-    if metric.pattern and isinstance(value, str) and not re.fullmatch(metric.pattern, value):
-        return f"{value!r} does not match metric.pattern {metric.pattern!r}"
+    if metric.pattern and isinstance(value, str):
+        matched = pattern_matches(metric.pattern, value)
+        if matched is None:
+            return (f"metric.pattern {metric.pattern!r} took longer than {PATTERN_TIMEOUT_S * 1000:.0f} ms on "
+                    f"{_short(value)} (or is invalid)")
+        if not matched:
+            return f"{_short(value)} does not match metric.pattern {metric.pattern!r}"
     return None
+
+
+def _short(value: str, limit: int = 80) -> str:
+    return repr(value if len(value) <= limit else value[:limit] + "...")
