@@ -2,7 +2,10 @@
 
 Each concept registers its own subcommands from a module in this package
 (``register(subparsers)``), so commands can be added without touching this file's
-logic. Errors from the library are printed as ``TypeName: message`` with exit code 1.
+logic. Errors from the library are printed as ``TypeName: message``: exit code 2 for
+bad input (``ConfigError``, ``SpecError``: a config file, a spec, a dataset, a judge
+definition or an argument, named as ``file: field: reason``, like argparse's own usage
+errors), 1 for everything else.
 
 The command modules import the library inside their functions: ``promptdistill --help``
 and a mistyped flag answer at once instead of after loading vLLM, Prefect and pandas.
@@ -16,7 +19,7 @@ import sys
 from typing import Sequence
 
 from promptdistill.core.env import apply_defaults
-from promptdistill.core.errors import PromptDistillError
+from promptdistill.core.errors import ConfigError, PromptDistillError, SpecError
 
 __all__ = ["main"]
 
@@ -45,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except (ConfigError, SpecError) as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     except PromptDistillError as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -73,7 +73,9 @@ def render(args: argparse.Namespace) -> int:
         record = {"id": row["id"], "inputs": row["inputs"], "expected": row["expected"]}
     messages = spec_messages(spec, record["inputs"], examples=examples_for(spec, args.examples))
     if args.json:
-        print(json.dumps({"record": record["id"], "messages": messages, "expected": record["expected"]}, indent=2, ensure_ascii=False))
+        # allow_nan=False: the output must be JSON (the dataset loader refuses NaN already).
+        print(json.dumps({"record": record["id"], "messages": messages, "expected": record["expected"]}, indent=2,
+                         ensure_ascii=False, allow_nan=False))
         return 0
     for m in messages:
         print(f"=== {m['role']} ===\n{m['content']}\n")

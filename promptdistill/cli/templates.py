@@ -14,11 +14,22 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 from typing import Any, Iterable
 
-from promptdistill.core.errors import RegistryError
+from promptdistill.core.errors import ConfigError, RegistryError
 
 __all__ = ["register"]
+
+_DIGITS = re.compile(r"[0-9]{1,12}")
+_MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
+def _version(text: str) -> int:
+    """A version argument: ASCII digits only (int() would also take "３")."""
+    if not _DIGITS.fullmatch(text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid version {text!r}: versions are integers from 1 (ASCII digits)")
+    return int(text)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("promote", parents=[common], help="point a label at a version")
     p.add_argument("name")
-    p.add_argument("version", type=int)
+    p.add_argument("version", type=_version)
     p.add_argument("--label", required=True, help="production, staging, candidate, ...")
     p.add_argument("--reason", default="", help="recorded in the label history")
     p.add_argument("--actor", help="recorded in the label history (default: user@host)")
@@ -64,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name")
     p.add_argument("content", help="JSON file with the template content")
     p.add_argument("--label", action="append", default=[], help="labels to set (repeatable)")
-    p.add_argument("--parent", type=int)
+    p.add_argument("--parent", type=_version)
     p.add_argument("--metrics", help="JSON file with metrics")
     p.add_argument("--actor")
     p.set_defaults(func=_publish)
@@ -73,12 +84,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _registry(args: argparse.Namespace):
     from promptdistill.registry import Registry
 
-    root = args.root
+    root, where = args.root, "--root"
     if root is None:
         from promptdistill.core.config import load_settings
 
-        root = load_settings(getattr(args, "config", None)).registry
-    return Registry(root)
+        settings = load_settings(getattr(args, "config", None))
+        root, where = settings.registry, f"{settings.source}: paths.registry"
+    try:
+        return Registry(root)
+    except RegistryError as e:  # an unknown protocol, an empty root: the argument is wrong
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -153,7 +168,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _ref_b(a: str, b: str) -> str:
     name = a.split("@", 1)[0].split(":", 1)[0]
-    if b.isdigit():
+    if _DIGITS.fullmatch(b):
         return f"{name}:{b}"
     if b.startswith("@"):
         return name + b
@@ -195,20 +210,40 @@ def _history(args: argparse.Namespace) -> int:
     if not events:
         print(f"no label moves for {args.name}")
         return 0
-    rows = [[str(e.seq), e.at, e.label, f"{_fmt(e.from_version)} -> {e.to_version}", e.action, e.actor, e.reason]
-            for e in events]
+    rows, before = [], {}
+    for e in events:
+        # One event may move several labels (a publish): one row per label it moved.
+        moved = [e.label] if args.label else [e.label] + [k for k, v in sorted(e.labels.items())
+                                                          if k != e.label and before.get(k) != v]
+        for label in moved:
+            frm, to = (e.from_version, e.to_version) if label == e.label else (before.get(label), e.labels[label])
+            rows.append([str(e.seq), e.at, label, f"{_fmt(frm)} -> {to}", e.action, e.actor, e.reason])
+        before = e.labels
     print(_table(rows, ["SEQ", "AT", "LABEL", "MOVE", "ACTION", "ACTOR", "REASON"]))
     return 0
 
 
 def _read_json(path: str, what: str) -> Any:
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            data = f.read(_MAX_JSON_BYTES + 1)
     except OSError as e:
-        raise RegistryError(f"{path}: cannot read the {what} file: {e.strerror}") from None
+        raise ConfigError(f"{path}: cannot read the {what} file: {e.strerror or e}") from None
+    if len(data) > _MAX_JSON_BYTES:
+        raise ConfigError(f"{path}: the {what} file is larger than {_MAX_JSON_BYTES >> 20} MiB")
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=no_constant)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: the {what} file is not UTF-8 text (offset {e.start})") from None
     except json.JSONDecodeError as e:
-        raise RegistryError(f"{path}: the {what} file is not valid JSON: {e}") from None
+        raise ConfigError(f"{path}: the {what} file is not valid JSON: {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: the {what} file is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the {what} file is nested too deeply") from None
 
 
 def _publish(args: argparse.Namespace) -> int:
