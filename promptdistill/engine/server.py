@@ -24,6 +24,7 @@ import time
 from typing import Any, Sequence
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from promptdistill.core.config import EngineConfig
 from promptdistill.core.errors import EngineError, EngineTimeoutError, EngineUnavailableError, PromptTooLongError
@@ -149,6 +150,26 @@ class ServerEngine(Engine):
             {"model": self.model, "messages": [dict(m) for m in messages], "add_generation_prompt": True},
         )
         return int(out["count"])
+
+    def prefix_cache_hit_rate(self) -> float | None:
+        """The share of prompt tokens the servers' prefix caches served, from their
+        Prometheus ``/metrics`` (``vllm:prefix_cache_hits`` over ``vllm:prefix_cache_queries``,
+        summed over the endpoints, since each server started). None when no endpoint
+        reports it or nothing was queried yet."""
+        hits = queries = 0.0
+        for url in self.urls:
+            try:
+                r = httpx.get(f"{self._root(url)}/metrics", timeout=10)
+                r.raise_for_status()
+            except httpx.HTTPError:
+                continue
+            for family in text_string_to_metric_families(r.text):
+                for sample in family.samples:
+                    if sample.name == "vllm:prefix_cache_hits_total":
+                        hits += sample.value
+                    elif sample.name == "vllm:prefix_cache_queries_total":
+                        queries += sample.value
+        return hits / queries if queries > 0 else None
 
     def reset_prefix_cache(self) -> bool:
         """Needs the server started with VLLM_SERVER_DEV_MODE=1 (``promptdistill serve`` does)."""

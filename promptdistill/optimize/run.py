@@ -130,10 +130,25 @@ def _inner(engine: Engine) -> Engine:
     return engine
 
 
-def measured_warm_share(engine: Engine) -> float | None:
-    """The prefix-cache hit rate a vLLM server reports, when the engine is one (else None)."""
+def measured_hit_rate(engine: Engine) -> float | None:
+    """The prefix-cache token hit rate a vLLM server reports, when the engine is one (else None)."""
     probe = getattr(_inner(engine), "prefix_cache_hit_rate", None)
     return probe() if callable(probe) else None
+
+
+def warm_share_from_hit_rate(hit_rate: float, warm_cached_tokens: float, total_tokens: float) -> float:
+    """The share of requests that find the static prefix cached, from a token hit rate.
+
+    A warm request of this template serves ``warm_cached_tokens`` of its ``total_tokens``
+    from the cache and a cold one none, so ``hit_rate = share * cached / total``.
+
+    Example:
+        >>> round(warm_share_from_hit_rate(0.6, 384, 512), 3)
+        0.8
+    """
+    if total_tokens <= 0 or warm_cached_tokens <= 0:
+        return 0.0
+    return max(0.0, min(1.0, hit_rate * total_tokens / warm_cached_tokens))
 
 
 class OptimizeRun:
@@ -156,11 +171,9 @@ class OptimizeRun:
         self.max_drop = spec.slo.max_quality_drop
         self.max_tokens = spec.max_tokens or 256
         self.per_record = judge_cost(spec, 1)
-        measured = measured_warm_share(engine) if rule.warm_share is None else None
+        self.hit_rate = measured_hit_rate(engine) if rule.warm_share is None else None
         if rule.warm_share is not None:
             self.warm_share, self.warm_share_source = rule.warm_share, "configured"
-        elif measured is not None:
-            self.warm_share, self.warm_share_source = measured, "measured (server prefix-cache hit rate)"
         else:
             self.warm_share, self.warm_share_source = ASSUMED_WARM_SHARE, "assumed"
         self.resolution_rel = ttft_model.relative_error
@@ -245,6 +258,14 @@ class OptimizeRun:
                               "or lower dev_size/test_size")
         self.baseline = base
         self.predict(base)
+        if self.hit_rate is not None:
+            # The server's token hit rate, read as the share of this template's requests
+            # that find its static prefix cached (the counters run since the server started).
+            self.warm_share = warm_share_from_hit_rate(self.hit_rate, base.prediction["warm_cached_tokens"],
+                                                       base.prediction["total_tokens"])
+            self.warm_share_source = (f"measured: server prefix-cache hit rate {self.hit_rate:.0%} of prompt "
+                                      "tokens, over this template's cacheable share")
+            self.predict(base)
         self.screen([])
         return base
 
