@@ -4,12 +4,16 @@
 reports a made-up TTFT. It is here so that logic such as clause splitting, selection
 rules or report building can be tested in milliseconds; never use it to claim that
 something works on the real engine.
+
+``FakeServerEngine`` also reports a prefix-cache hit rate. For the search kernel
+(``promptdistill.search``): ``FakeEvaluator`` scripts every candidate's score per record,
+``FakeMeter`` and ``FakeClock`` drive a ``Budget``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from promptdistill.engine.base import (
     Engine,
@@ -20,17 +24,26 @@ from promptdistill.engine.base import (
     validate_reply,
 )
 
+if TYPE_CHECKING:
+    from promptdistill.evaluate.evaluator import EvalReport
+
 FAKE_IDENTITY = EngineIdentity(
     model="fake", backend="fake", dtype="none", max_model_len=2048, hardware="none", engine_version="0"
 )
 
 
 class FakeEngine(Engine):
-    """A scripted engine: ``reply(request) -> text``; counts calls."""
+    """A scripted engine: ``reply(request) -> text``; counts calls.
 
-    def __init__(self, reply: Callable[[GenerationRequest], str] | None = None, identity: EngineIdentity = FAKE_IDENTITY):
+    With ``truncate=True`` a reply longer than the request's ``max_tokens`` (in whitespace
+    tokens) is cut there and finishes with ``"length"``, as a real engine's would.
+    """
+
+    def __init__(self, reply: Callable[[GenerationRequest], str] | None = None, identity: EngineIdentity = FAKE_IDENTITY,
+                 *, truncate: bool = False):
         self.reply = reply or (lambda req: "ok")
         self.identity = identity
+        self.truncate = truncate
         self.calls = 0
         self.batches: list[int] = []
 
@@ -51,6 +64,9 @@ class FakeEngine(Engine):
             text = self.reply(req)
             if req.choices is not None and text not in req.choices:
                 text = req.choices[0]
+            finish = "stop"
+            if self.truncate and req.max_tokens is not None and len(text.split()) > req.max_tokens:
+                text, finish = " ".join(text.split()[: req.max_tokens]), "length"
             prompt = req.prompt if req.prompt is not None else self.apply_chat_template(req.chat())
             n_prompt = len(self.tokenize(prompt))
             result = GenerationResult(
@@ -58,7 +74,7 @@ class FakeEngine(Engine):
                 prompt_tokens=n_prompt,
                 completion_tokens=max(1, len(text.split())),
                 cached_tokens=0,
-                finish_reason="stop",
+                finish_reason=finish,
                 ttft_ms=1.0 + 0.01 * n_prompt,
                 e2e_ms=2.0 + 0.01 * n_prompt,
             )
@@ -69,6 +85,87 @@ class FakeEngine(Engine):
         return out
 
 
+class FakeServerEngine(FakeEngine):
+    """A ``FakeEngine`` with ``prefix_cache_hit_rate()``: what the optimizer probes a server engine
+    for to measure the warm share (``optimize.run.measured_hit_rate``)."""
+
+    def __init__(self, reply: Callable[[GenerationRequest], str] | None = None, *, hit_rate: float = 0.5,
+                 identity: EngineIdentity = FAKE_IDENTITY):
+        super().__init__(reply, identity)
+        self.hit_rate = hit_rate
+
+    def prefix_cache_hit_rate(self) -> float:
+        return self.hit_rate
+
+
 def json_reply(obj: object) -> Callable[[GenerationRequest], str]:
     """A reply function that always answers ``obj`` as JSON."""
     return lambda req: json.dumps(obj)
+
+
+# --- the search kernel (promptdistill.search) ----------------------------------------------
+
+
+class FakeMeter:
+    """Stands in for a ``CallMeter`` where only its ``calls`` count matters (``search.Budget``)."""
+
+    def __init__(self, calls: int = 0):
+        self.calls = calls
+
+
+class FakeClock:
+    """A monotonic clock moved by hand; install it as ``time`` in a module under test:
+    ``monkeypatch.setattr(budget_module, "time", clock)`` (it has ``monotonic()``)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def fake_report(name: str, scores: Sequence[float | None], *, ids: Sequence[str] | None = None,
+                completion_tokens: Sequence[int] | None = None) -> "EvalReport":
+    """An ``EvalReport`` with these per-record scores (one generation call per record)."""
+    from promptdistill.evaluate.evaluator import EvalReport
+
+    n = len(scores)
+    return EvalReport(
+        spec_name=name, record_ids=list(ids) if ids is not None else [str(i) for i in range(n)], scores=list(scores),
+        replies=[""] * n, valid=[None] * n,
+        completion_tokens=list(completion_tokens) if completion_tokens is not None else [1] * n,
+        truncated=[False] * n, generation_calls=n,
+    )
+
+
+class FakeEvaluator:
+    """An ``evaluate(candidates, records)`` callback for ``search.screen``/``race`` with scripted scores.
+
+    ``scores[candidate.id][int(record["id"])]`` is that candidate's score on that record.
+    Every call is logged in ``calls`` as (candidate ids, record ids); a ``meter`` (a
+    ``FakeMeter``) is charged one call per candidate and record, as the real evaluator would.
+    """
+
+    def __init__(self, scores: Mapping[str, Sequence[float | None]], meter: FakeMeter | None = None):
+        self.scores = scores
+        self.meter = meter
+        self.calls: list[tuple[list[str], list[str]]] = []
+
+    def __call__(self, cands: Sequence[Any], records: Sequence[Mapping[str, Any]]) -> list["EvalReport"]:
+        ids = [str(r["id"]) for r in records]
+        self.calls.append(([c.id for c in cands], ids))
+        if self.meter is not None:
+            self.meter.calls += len(cands) * len(records)
+        return [fake_report(c.id, [self.scores[c.id][int(i)] for i in ids], ids=ids) for c in cands]
+
+    def evaluated(self, cand_id: str) -> int:
+        """Records ``cand_id`` was evaluated on, over every call."""
+        return sum(len(ids) for cands, ids in self.calls if cand_id in cands)
+
+
+def numbered_records(n: int) -> list[dict[str, Any]]:
+    """Records ``{"id": "0"} ... {"id": str(n - 1)}`` for a ``FakeEvaluator``."""
+    return [{"id": str(i)} for i in range(n)]
