@@ -1,74 +1,61 @@
-"""Pure logic of the optimizer: bootstrap, Pareto front, selection rule, token budget,
-successive halving, example strategies. The last tests run the whole ``optimize`` on the
-FakeEngine to check the plumbing (tables, Parquet, plot, publishing) only; whether it
+"""Pure logic of the optimizer: bootstrap, Pareto front, token budget, the selection rule
+(expected TTFT with a measured, configured or assumed warm share; the TTFT model's error
+as the resolution), example strategies, instruction variants, budget validation. The
+last tests run the whole ``optimize`` on the FakeEngine to check the plumbing (tables,
+result.json, Parquet, plot, publishing, reverting, refusing a budget) only; whether it
 works on the real model is tests/test_optimize_engine.py's job.
+
+The race (screening, certification, selection) is tested on scripted scores in
+tests/test_search.py; here it runs on FakeEngine replies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from bundled_specs import PROMPTS, load_spec
+from fakes import FAKE_IDENTITY, FakeEngine, FakeServerEngine
+from promptdistill.core.stats import bootstrap_ci
+from promptdistill.engine.meter import CallMeter
 from promptdistill.optimize import (
-    OptCandidate,
-    Scored,
+    ExampleCandidate,
+    OptimizeBudget,
     SelectionRule,
-    bootstrap_ci,
+    expected_ttft,
     instruction_variants,
-    paired_bootstrap_lower_bound,
+    optimize,
     pareto_front,
-    select_winner,
-    successive_halving,
     token_budget,
     warm_cached_tokens,
 )
-from promptdistill.evaluate import EvalReport
-
+from promptdistill.optimize.run import OptimizeRun, measured_hit_rate, warm_share_from_hit_rate
+from promptdistill.optimize.select import ASSUMED_WARM_SHARE, unmeasured_quality
+from promptdistill.search.racing import Decision, select
+from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
+from promptdistill.ttft.model import TTFTModel
 
 # --- bootstrap ---------------------------------------------------------------------------
-
-def test_paired_lower_bound_identical_scores_is_zero():
-    assert paired_bootstrap_lower_bound([1, 0, 1, 1], [1, 0, 1, 1]) == 0.0
-
-
-def test_paired_lower_bound_sign_follows_the_difference():
-    base = [0, 1] * 20
-    better = [1, 1] * 20
-    worse = [0, 0] * 20
-    assert paired_bootstrap_lower_bound(better, base) > 0.3
-    assert paired_bootstrap_lower_bound(worse, base) < -0.3
-
-
-def test_paired_lower_bound_is_below_the_mean_difference_and_seeded():
-    rng = np.random.default_rng(1)
-    base = rng.integers(0, 2, 40).tolist()
-    cand = [b if rng.random() < 0.8 else 1 - b for b in base]
-    lb = paired_bootstrap_lower_bound(cand, base, confidence=0.9, seed=3)
-    assert lb < np.mean(np.subtract(cand, base))
-    assert lb == paired_bootstrap_lower_bound(cand, base, confidence=0.9, seed=3)
-    assert paired_bootstrap_lower_bound(cand, base, confidence=0.99, seed=3) <= lb
-
-
-def test_paired_lower_bound_drops_unscored_pairs_and_checks_lengths():
-    assert paired_bootstrap_lower_bound([None, 1, 1], [0, None, 1]) == 0.0
-    assert paired_bootstrap_lower_bound([None], [1]) is None
-    with pytest.raises(ValueError, match="same records"):
-        paired_bootstrap_lower_bound([1, 0], [1])
 
 
 def test_bootstrap_ci_brackets_the_mean():
     ci = bootstrap_ci([1, 0, 1, 1, 0, 1, 1, 1], confidence=0.95)
-    assert ci.mean == pytest.approx(0.75)
-    assert ci.low <= ci.mean <= ci.high
+    assert ci.mean == pytest.approx(0.75) and ci.n == 8
+    assert ci.low < ci.mean < ci.high
     assert 0.0 <= ci.low and ci.high <= 1.0
+    assert bootstrap_ci([1, 0, 1, 1, 0, 1, 1, 1], seed=4) == bootstrap_ci([1, 0, 1, 1, 0, 1, 1, 1], seed=4)
     assert bootstrap_ci([None, None]).mean is None
+    assert bootstrap_ci([None, 1, 1]).n == 2  # unscored records are left out
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_ci([1, 0], confidence=1.0)
 
 
 # --- Pareto front ------------------------------------------------------------------------
+
 
 def test_pareto_front_keeps_only_non_dominated_points_sorted_by_cost():
     df = pd.DataFrame({
@@ -78,100 +65,66 @@ def test_pareto_front_keeps_only_non_dominated_points_sorted_by_cost():
     })
     front = pareto_front(df)
     assert front["candidate_id"].tolist() == ["a", "b", "d"]  # c dominated by b, e by d, f has no quality
+    shuffled = df.sample(frac=1.0, random_state=0)
+    assert pareto_front(shuffled)["candidate_id"].tolist() == ["a", "b", "d"]
+    by_cold = pareto_front(df.assign(cold=[500, 100, 50, 600, 700, 10]), cost="cold")
+    assert by_cold["candidate_id"].tolist() == ["c", "b", "d"]
 
 
 def test_pareto_front_of_an_empty_frame_is_empty():
     assert pareto_front(pd.DataFrame({"quality": [], "ttft_warm_ms": []})).empty
 
 
-# --- selection rule ----------------------------------------------------------------------
-
-BASE = Scored("baseline", 0.80, 0.0, ttft_cold_ms=500, ttft_warm_ms=300)
+# --- the selection rule ------------------------------------------------------------------
 
 
-def test_winner_is_the_fastest_non_inferior_candidate_within_the_slo():
-    cands = [
-        Scored("fast_but_worse", 0.60, -0.30, 200, 100),
-        Scored("fast_ok", 0.79, -0.02, 300, 150),
-        Scored("faster_ok", 0.78, -0.025, 280, 140),
-        Scored("slow_better", 0.90, 0.05, 900, 800),
-    ]
-    winner, reason = select_winner(cands, BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=600)
-    assert winner.id == "faster_ok"
-    assert "faster_ok" in reason and "168 ms" in reason and "80% warm" in reason  # 0.8 x 140 + 0.2 x 280
-
-
-def test_expected_ttft_credits_a_pruned_prompt_the_warm_prediction_alone_would_not():
+def test_expected_ttft_mixes_warm_and_cold_by_the_warm_share():
+    assert expected_ttft(600.0, 100.0, 0.75) == 225.0
+    assert expected_ttft(600.0, 100.0, 1.0) == 100.0 and expected_ttft(600.0, 100.0, 0.0) == 600.0
     # Measured on ticket_triage: pruning cut the cold prediction 639 -> 255 ms, while the warm
     # one rose 135 -> 141 ms (a shorter static prefix fills fewer 128-token cache blocks).
-    base = Scored("baseline", 0.25, 0.0, ttft_cold_ms=639, ttft_warm_ms=135)
-    pruned = Scored("pruned", 0.44, 0.0, ttft_cold_ms=255, ttft_warm_ms=141)
-    assert select_winner([pruned], base, SelectionRule(), max_drop=0.03, slo_ttft_ms=None)[0].id == "pruned"
-    assert select_winner([pruned], base, SelectionRule(ttft="warm"), max_drop=0.03, slo_ttft_ms=None)[0] is base
-    assert select_winner([pruned], base, SelectionRule(warm_share=1.0), max_drop=0.03, slo_ttft_ms=None)[0] is base
-
-
-def test_quality_minus_lambda_objective_trades_quality_for_ttft():
-    cands = [Scored("fast_ok", 0.79, -0.02, 300, 150), Scored("slow_better", 0.90, 0.05, 900, 800)]
-    rule = SelectionRule(objective="quality_minus_lambda_ttft", lam_per_ms=0.0001)
-    assert select_winner(cands, BASE, rule, max_drop=0.03, slo_ttft_ms=None)[0].id == "slow_better"
-    rule = SelectionRule(objective="quality_minus_lambda_ttft", lam_per_ms=0.01)
-    assert select_winner(cands, BASE, rule, max_drop=0.03, slo_ttft_ms=None)[0].id == "fast_ok"
-
-
-def test_no_candidate_meets_the_slo_keeps_the_baseline_and_says_why():
-    cands = [Scored("fast_ok", 0.79, -0.02, 300, 150)]
-    winner, reason = select_winner(cands, BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=50)
-    assert winner is BASE
-    assert "no candidate qualifies" in reason and "SLO" in reason and "50 ms" in reason and "keeping the baseline" in reason
-
-
-def test_inferior_incomplete_and_per_request_candidates_do_not_qualify():
-    cands = [
-        Scored("inferior", 0.7, -0.1, 100, 50),
-        Scored("partial", 0.9, 0.0, 100, 50, complete=False),
-        Scored("similar", 0.9, 0.0, 100, 50, publishable=False),
-    ]
-    winner, reason = select_winner(cands, BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=None)
-    assert winner is BASE and "baseline" in reason
-    allowed = SelectionRule(allow_per_request_examples=True)
-    assert select_winner(cands, BASE, allowed, max_drop=0.03, slo_ttft_ms=None)[0].id == "similar"
-
-
-def test_cold_rule_uses_the_cold_prediction():
-    cands = [Scored("a", 0.8, 0.0, ttft_cold_ms=700, ttft_warm_ms=100)]
-    assert select_winner(cands, BASE, SelectionRule(ttft="warm"), max_drop=0.03, slo_ttft_ms=600)[0].id == "a"
-    winner, reason = select_winner(cands, BASE, SelectionRule(ttft="cold"), max_drop=0.03, slo_ttft_ms=600)
-    assert winner is BASE and "cold" in reason
-
-
-def test_a_metric_that_scores_every_baseline_reply_zero_keeps_the_baseline():
-    # SmolLM2-135M as the rubric judge of the summary task gave every reply the lowest score.
-    fast = Scored("fast", 0.0, 0.0, ttft_cold_ms=100, ttft_warm_ms=50)
-    winner, reason = select_winner([fast], BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=None,
-                                   baseline_scores=[0.0, 0.0, 0.0])
-    assert winner is BASE and "does not measure quality" in reason
-    winner, _ = select_winner([fast], BASE, SelectionRule(), max_drop=0.03, slo_ttft_ms=None,
-                              baseline_scores=[0.0, 1.0, 0.0])
-    assert winner.id == "fast"
+    # Expected at 80% warm: 0.8 x 135 + 0.2 x 639 = 235.8 against 0.8 x 141 + 0.2 x 255 = 163.8:
+    # the expected TTFT credits the pruned prompt, the warm prediction alone would not.
+    assert expected_ttft(639.0, 135.0, 0.8) == pytest.approx(235.8)
+    assert expected_ttft(255.0, 141.0, 0.8) == pytest.approx(163.8)
 
 
 def test_selection_rule_validates_its_fields():
     with pytest.raises(ValueError, match="warm_share"):
         SelectionRule(warm_share=1.5)
-    with pytest.raises(ValueError, match="objective"):
-        SelectionRule(objective="fastest")
     with pytest.raises(ValueError, match="ttft"):
         SelectionRule(ttft="hot")
+    with pytest.raises(ValueError, match="alpha"):
+        SelectionRule(alpha=0.5)
+    with pytest.raises(ValueError, match="alpha"):
+        SelectionRule(alpha=0.0)
+    with pytest.raises(ValueError, match="finalists"):
+        SelectionRule(finalists=0)
+    with pytest.raises(ValueError, match="first_look"):
+        SelectionRule(first_look=0)
+    assert SelectionRule(warm_share=0.0).warm_share == 0.0
+    assert SelectionRule().to_dict()["ttft"] == "expected"
+
+
+def test_unmeasured_quality_says_when_the_metric_measures_nothing():
+    # SmolLM2-135M as the rubric judge of the summary task gave every reply the lowest score.
+    assert unmeasured_quality([0.0, 0.0, None]) == (
+        "the baseline scores 0 on every scored screen record (2 of 3): the metric does not measure quality here")
+    assert unmeasured_quality([None, None]) == (
+        "no screen record of the baseline could be scored: the metric does not measure quality here")
+    assert unmeasured_quality([0.0, 0.5]) is None
+    assert unmeasured_quality([1.0]) is None
 
 
 # --- token budget ------------------------------------------------------------------------
 
+
 def test_token_budget_is_p95_plus_15_percent_rounded_up():
-    tokens = list(range(1, 101))  # p95 = 95.05
+    tokens = list(range(1, 101))  # p95 = 95.05 (linear interpolation)
     tb = token_budget(tokens)
-    assert tb.max_tokens == math.ceil(95.05 * 1.15) == 110
-    assert tb.truncation_rate == 0.0
+    assert tb.p95_tokens == pytest.approx(95.05)
+    assert tb.max_tokens == 110  # ceil(95.05 x 1.15 = 109.31)
+    assert tb.truncation_rate == 0.0 and tb.n == 100
 
 
 def test_token_budget_rounds_exact_products_without_float_noise():
@@ -179,14 +132,17 @@ def test_token_budget_rounds_exact_products_without_float_noise():
 
 
 def test_token_budget_reports_the_truncation_it_would_have_had():
-    tokens = [10] * 18 + [100, 200]
+    tokens = [10] * 18 + [100, 200]  # p95 = 100 + 0.05 x 100 = 105: max_tokens ceil(120.75) = 121
     tb = token_budget(tokens)
-    assert tb.max_tokens == math.ceil(np.percentile(tokens, 95) * 1.15)
-    assert tb.truncation_rate == pytest.approx(np.mean(np.array(tokens) > tb.max_tokens))
+    assert tb.max_tokens == 121
+    assert tb.truncation_rate == 0.05  # only the 200-token reply
     cut = token_budget([5, 5, 5, 40], truncated=[False, False, False, True])
     assert cut.already_truncated_rate == 0.25 and cut.truncation_rate == 0.25
+    assert token_budget([1]).max_tokens == 2 and token_budget([0]).max_tokens == 1
     with pytest.raises(ValueError):
         token_budget([])
+    with pytest.raises(ValueError, match="flags"):
+        token_budget([1, 2], truncated=[True])
 
 
 def test_warm_cached_tokens_counts_whole_blocks_and_never_the_last_token():
@@ -194,62 +150,22 @@ def test_warm_cached_tokens_counts_whole_blocks_and_never_the_last_token():
     assert warm_cached_tokens(100, 400, 128) == 0
     assert warm_cached_tokens(256, 256, 128) == 128
     assert warm_cached_tokens(40, 100, 16) == 32
+    with pytest.raises(ValueError):
+        warm_cached_tokens(40, 100, 0)
 
 
-# --- successive halving ------------------------------------------------------------------
+def test_predictions_are_clipped_at_the_physical_floor():
+    from promptdistill.optimize.predict import MIN_TTFT_MS, clip_ttft
 
-def _report(n: int, value: float) -> EvalReport:
-    return EvalReport("s", [str(i) for i in range(n)], [value] * n, ["x"] * n, [None] * n, generation_calls=n)
-
-
-def test_successive_halving_keeps_the_best_third_and_reaches_the_full_split():
-    quality = {f"c{i}": i / 10 for i in range(9)}
-    cands = [OptCandidate(cid, "original", "fixed", 1, None, prediction={"ttft_warm_ms": 100.0}) for cid in quality]
-    records = [{"id": str(i)} for i in range(27)]
-    calls = []
-
-    def evaluate(c, recs):
-        calls.append((c.id, len(recs)))
-        c.add(_report(len(recs), quality[c.id]), [])
-
-    key = lambda c: (-(c.mean or 0), c.id)  # noqa: E731
-    alive, stop = successive_halving(cands, records, [3, 9, 27], evaluate, key, eta=3)
-    assert stop is None
-    assert [c.id for c in alive] == ["c8"]
-    assert alive[0].n == 27
-    assert sum(n for _, n in calls) == 9 * 3 + 3 * 6 + 1 * 18
-
-
-def test_successive_halving_trims_to_what_the_budget_affords():
-    cands = [OptCandidate(f"c{i}", "original", "fixed", 1, None) for i in range(6)]
-    records = [{"id": str(i)} for i in range(12)]
-
-    def evaluate(c, recs):
-        c.add(_report(len(recs), int(c.id[1:]) / 10), [])
-
-    left = {"calls": 6 * 4 + 4}  # the first rung, then one candidate of the second
-
-    def affordable(n, n_records):
-        can = min(n, left["calls"] // n_records)
-        left["calls"] -= can * n_records
-        return can
-
-    alive, stop = successive_halving(cands, records, [4, 8, 12], evaluate, lambda c: (-(c.mean or 0), c.id),
-                                     eta=2, affordable=affordable)
-    assert stop is not None and "budget" in stop
-    assert [(c.id, c.n) for c in alive] == [("c5", 8)]
-    left["calls"] = 0
-    fresh = [OptCandidate(f"d{i}", "original", "fixed", 1, None) for i in range(2)]
-    alive, stop = successive_halving(fresh, records, [4, 8, 12], evaluate, lambda c: c.id, affordable=affordable)
-    assert "could not start" in stop and all(c.n == 0 for c in alive)
+    assert clip_ttft([-44.0, 0.2, 250.0]).tolist() == [MIN_TTFT_MS, MIN_TTFT_MS, 250.0]
 
 
 # --- example strategies ------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def triage():
     from promptdistill.specs.datasets import dataset_for, records
-    from promptdistill.specs import load_spec
 
     spec = load_spec("ticket_triage")
     df = dataset_for(spec)
@@ -263,8 +179,10 @@ def test_fixed_subsets_start_with_the_spec_rule_and_are_distinct(triage):
     spec, train, _ = triage
     subsets = fixed_subsets(spec, train, 4, n_subsets=3, seed=0)
     assert len(subsets) == 3
+    assert subsets[0][0] == spec.examples.selection == "balanced"
     assert [r["id"] for r in subsets[0][1]] == [r["id"] for r in select_examples(spec, train, 4, 0)]
     assert len({tuple(sorted(r["id"] for r in recs)) for _, recs in subsets}) == 3
+    assert all(len(recs) == 4 for _, recs in subsets)
     assert fixed_subsets(spec, train, 0) == [("none", [])]
     assert fixed_subsets(spec, train[:2], 4) == []
 
@@ -280,14 +198,20 @@ def test_similar_examples_find_same_label_neighbours(triage):
             hits += n["expected"]["label"] == r["expected"]["label"]
             total += 1
     assert hits / total > 0.5  # well above the 0.25 of a random pick among four teams
+    assert sim.neighbours(train[5]["inputs"], 1)[0]["id"] == train[5]["id"]  # a record is its own nearest
+    with pytest.raises(RuntimeError, match="fit"):
+        SimilarExamples(spec, train).neighbours(dev[0]["inputs"], 1)
 
 
-def test_per_request_examples_sit_after_the_static_prefix(triage, tokenizer):
-    from promptdistill.ttft.features import prompt_features
+def test_per_request_examples_sit_after_the_static_prefix(triage):
+    """Same examples, same prompt length roughly; but only the fixed set is in the cacheable
+    prefix. Token counts by the FakeEngine's whitespace tokenizer: the structure is what matters."""
     from promptdistill.optimize import SimilarExamples, per_request_spec
     from promptdistill.optimize.examples import fixed_spec, with_fewshot
+    from promptdistill.ttft.features import prompt_features
 
     spec, train, dev = triage
+    tokenizer = FakeEngine()
     sim = SimilarExamples(spec, train).fit()
     dynamic = per_request_spec(spec)
     rec = with_fewshot(spec, dev[:1], sim, 4)[0]
@@ -296,10 +220,12 @@ def test_per_request_examples_sit_after_the_static_prefix(triage, tokenizer):
     fixed = fixed_spec(spec, shots)
     f_dyn = prompt_features(dynamic, rec["inputs"], tokenizer)
     f_fix = prompt_features(fixed, dev[0]["inputs"], tokenizer, examples=shots)
-    # Same examples, same text length roughly; but only the fixed set is in the cacheable prefix.
+    assert f_fix["fewshot_tokens"] > 0
     assert abs(f_dyn["total_tokens"] - f_fix["total_tokens"]) < 15
     assert f_fix["static_prefix_tokens"] - f_dyn["static_prefix_tokens"] > 0.8 * f_fix["fewshot_tokens"]
     assert "{fewshot}" in dynamic.user and "fewshot" in dynamic.inputs and dynamic.examples.count == 0
+    with pytest.raises(ValueError, match="reserved"):
+        per_request_spec(dynamic)
 
 
 def test_instruction_variants_dedupe_and_keep_the_rest_of_the_spec(triage):
@@ -309,15 +235,108 @@ def test_instruction_variants_dedupe_and_keep_the_rest_of_the_spec(triage):
     out = instruction_variants(spec, [("short", short), ("same", same), ("short2", short)], max_variants=5)
     assert [vid for vid, _ in out] == ["original", "short"]
     assert out[1][1].instruction == "Route the ticket to one team." and out[1][1].user == spec.user
+    tiny = spec.with_changes(instruction="Route it.")
+    assert [vid for vid, _ in instruction_variants(spec, [short, tiny], max_variants=2)] == ["original", "variant1"]
+    assert instruction_variants(spec, None) == [("original", spec)]
 
 
 def test_optimize_budget_validates():
-    from promptdistill.optimize import OptimizeBudget
-
     with pytest.raises(ValueError, match="fewshot_counts"):
         OptimizeBudget(fewshot_counts=(0, 9))
-    with pytest.raises(ValueError, match="eta"):
-        OptimizeBudget(eta=1)
+    with pytest.raises(ValueError, match="similar_counts"):
+        OptimizeBudget(similar_counts=(-1,))
+    with pytest.raises(ValueError, match="screen_size"):
+        OptimizeBudget(screen_size=0)
+    with pytest.raises(ValueError, match="test_size"):
+        OptimizeBudget(test_size=-1)
+    with pytest.raises(ValueError, match="max_minutes"):
+        OptimizeBudget(max_minutes=0)
+    with pytest.raises(ValueError, match="max_variants"):
+        OptimizeBudget(max_variants=0)
+    assert OptimizeBudget(fewshot_counts=[0, 2]).fewshot_counts == (0, 2)  # lists become tuples
+    assert OptimizeBudget(test_size=0, timing_records=0).test_size == 0
+
+
+# --- warm share and resolution on an OptimizeRun (FakeEngine) --------------------------------
+
+
+def ttft_model(mape: float | None = None) -> TTFTModel:
+    """A linear TTFT model on FAKE_IDENTITY: 50 ms + 0.4 ms per uncached token + 0.02 per cached one."""
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.uniform(10, 1500, 80), rng.choice([0, 128, 256], 80), rng.integers(0, 8, 80),
+                         rng.uniform(0.3, 0.8, 80), rng.uniform(5, 9, 80)])
+    y = 50 + 0.4 * X[:, 0] + 0.02 * X[:, 1]
+    metrics = {} if mape is None else {"heldout": {"linear": {"mape": mape}}}
+    return TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, y), "monomial", "linear", FAKE_IDENTITY,
+                     metrics=metrics)
+
+
+SMALL = OptimizeBudget(max_lm_calls=500, screen_size=8, dev_size=16, test_size=4, fewshot_counts=(0,),
+                       similar_counts=(), timing_records=0, formats=False)
+
+
+def test_warm_share_from_a_token_hit_rate():
+    # A warm request serves 256 of its 512 tokens from the cache: a 30% token hit rate is 60% of requests warm.
+    assert warm_share_from_hit_rate(0.3, 256, 512) == pytest.approx(0.6)
+    assert warm_share_from_hit_rate(0.9, 256, 512) == 1.0  # more than this template could get: clipped
+    assert warm_share_from_hit_rate(0.3, 0, 512) == 0.0  # nothing cacheable: never warm
+    assert warm_share_from_hit_rate(0.0, 256, 512) == 0.0
+
+
+def test_the_warm_share_is_configured_measured_or_assumed(triage):
+    spec, _, _ = triage
+    measured = "measured: server prefix-cache hit rate 40% of prompt tokens"
+    cases = [
+        (FakeEngine(), SelectionRule(), "assumed"),
+        (FakeServerEngine(hit_rate=0.4), SelectionRule(), measured),
+        (CallMeter(FakeServerEngine(hit_rate=0.4)), SelectionRule(), measured),  # wrappers are looked through
+        (FakeServerEngine(hit_rate=0.4), SelectionRule(warm_share=0.25), "configured"),
+    ]
+    for engine, rule, source in cases:
+        run = OptimizeRun(engine, spec, ttft_model(), SMALL, 0, rule, None)
+        base = run.evaluate_baseline()
+        p = base.prediction
+        share = {"assumed": ASSUMED_WARM_SHARE, "configured": 0.25}.get(
+            source, 0.4 * p["total_tokens"] / p["warm_cached_tokens"])
+        assert run.warm_share == pytest.approx(share) and run.warm_share_source.startswith(source)
+        assert p["ttft_warm_ms"] < p["ttft_cold_ms"]  # the static prefix is served from the cache
+        assert p["ttft_expected_ms"] == pytest.approx(share * p["ttft_warm_ms"] + (1 - share) * p["ttft_cold_ms"])
+        assert base.cost == p["ttft_expected_ms"]
+        assert base.static_tokens == round(p["static_prefix_tokens"]) > 0
+    assert measured_hit_rate(FakeEngine()) is None
+    assert measured_hit_rate(CallMeter(FakeServerEngine(hit_rate=0.9))) == 0.9
+
+
+@pytest.mark.parametrize("kind", ["cold", "warm"])
+def test_the_rule_kind_chooses_the_prediction_that_is_the_cost(triage, kind):
+    spec, _, _ = triage
+    run = OptimizeRun(FakeEngine(), spec, ttft_model(), SMALL, 0, SelectionRule(ttft=kind), None)
+    cand = ExampleCandidate(id="c", spec=spec)
+    run.predict(cand)
+    assert cand.cost == cand.prediction[f"ttft_{kind}_ms"] == cand.ttft(kind)
+
+
+def test_the_resolution_is_the_ttft_models_error_and_ties_go_to_fewer_static_tokens(triage):
+    spec, _, _ = triage
+    run = OptimizeRun(FakeEngine(), spec, ttft_model(mape=0.05), SMALL, 0, SelectionRule(), None)
+    assert run.resolution_rel == 0.05
+    assert OptimizeRun(FakeEngine(), spec, ttft_model(), SMALL, 0, SelectionRule(), None).resolution_rel == 0.1
+    base = ExampleCandidate(id="baseline", spec=spec, cost=200.0, static_tokens=300)
+
+    def certified(cid, cost, static):
+        c = ExampleCandidate(id=cid, spec=spec, cost=cost, static_tokens=static)
+        c.decision = Decision("non-inferior", 50, 0.0, -0.01, 0.01, 0.05, "certified")
+        return c
+
+    assert run.resolution(base, certified("x", 190.0, 1)) == 10.0  # 5% of the larger prediction
+    # 192 ms is within 5% of 200 ms: a tie with the baseline, which has fewer static tokens.
+    winner, reason = select(base, [certified("close_but_longer", 192.0, 350)], resolution=run.resolution)
+    assert winner is base and "none cheaper than the baseline beyond the resolution" in reason
+    winner, reason = select(base, [certified("close_and_shorter", 192.0, 250)], resolution=run.resolution)
+    assert winner.id == "close_and_shorter" and "a tie, broken by fewer static tokens (250 vs 300)" in reason
+    # 180 ms is more than 5% below: cheaper beyond the resolution, static tokens do not matter.
+    winner, _ = select(base, [certified("faster", 180.0, 900)], resolution=run.resolution)
+    assert winner.id == "faster"
 
 
 # --- plumbing on the FakeEngine (not a claim about the real model) ---------------------------
@@ -333,26 +352,24 @@ def _triage_reply(req):
     return json.dumps({"label": label})
 
 
-@pytest.fixture()
-def fake_run(tmp_path, triage):
-    from fakes import FAKE_IDENTITY, FakeEngine
+def with_drop(spec, drop: float = 0.2, ttft_ms: float | None = 600):
+    """The spec with a larger allowed drop: 50 certify records can then certify a candidate
+    that answers exactly as the baseline (the spec's 0.03 needs a few hundred)."""
+    return spec.with_changes(slo=dataclasses.replace(spec.slo, max_quality_drop=drop, ttft_ms=ttft_ms))
 
-    from promptdistill.optimize import OptimizeBudget, optimize
-    from promptdistill.ttft.estimators import LINEAR_TERMS, MODEL_FEATURES, MonomialRegressor
-    from promptdistill.ttft.model import TTFTModel
 
-    rng = np.random.default_rng(0)
-    X = np.column_stack([rng.uniform(10, 1500, 80), rng.choice([0, 128, 256], 80), rng.integers(0, 8, 80),
-                         rng.uniform(0.3, 0.8, 80), rng.uniform(5, 9, 80)])
-    y = 50 + 0.4 * X[:, 0] + 0.02 * X[:, 1]
-    model = TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, y), "monomial", "linear", FAKE_IDENTITY)
-    assert len(MODEL_FEATURES) == X.shape[1]
+RUN_BUDGET = OptimizeBudget(max_lm_calls=1000, screen_size=8, dev_size=58, test_size=8, fewshot_counts=(0, 2),
+                            similar_counts=(2,), timing_records=2, format_size=8)
+
+
+@pytest.fixture(scope="module")
+def fake_run(triage):
     spec, _, _ = triage
+    spec = with_drop(spec)
     short = spec.with_changes(instruction="Pick the team for this ticket.")
-    budget = OptimizeBudget(max_lm_calls=400, dev_size=12, minibatch_size=4, test_size=8, fewshot_counts=(0, 2),
-                            similar_counts=(2,), timing_records=2)
     engine = FakeEngine(reply=_triage_reply)
-    result = optimize(engine, spec, ttft_model=model, budget=budget, distill_candidates=[("short", short)])
+    result = optimize(engine, spec, ttft_model=ttft_model(mape=0.02), budget=RUN_BUDGET,
+                      distill_candidates=[("short", short)])
     return result, engine
 
 
@@ -360,123 +377,167 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     result, engine = fake_run
     df = result.candidates
     assert set(df["strategy"]) == {"baseline", "none", "fixed", "similar"}
+    assert result.splits == {"train": 100, "screen": 8, "certify": 50, "test": 8}
+    # Every LM request went through the run's meter; timing requests went to the engine behind it.
     assert engine.calls == result.lm_calls + result.timing_requests
+    assert result.timing_requests == 12  # 2 records x 2 templates x (1 cold + 2 warm)
     assert result.lm_calls <= result.budget.max_lm_calls
-    # Every answer is right, so every complete candidate is non-inferior: the fastest wins.
-    complete = df[df["complete"] & df["publishable"]]
-    assert result.winner_id == complete.sort_values("ttft_warm_ms")["candidate_id"].iloc[0]
-    # Per-request examples are not cacheable: their warm saving is below the fixed ones'.
+    # Every candidate answers as the baseline: the finalists are certified at the first look,
+    # and the certified one with the lowest expected TTFT wins (2% resolution: no tie here).
+    finalists = df[df["finalist"]]
+    assert len(finalists) == 3 and set(finalists["verdict"]) == {"non-inferior"}
+    assert set(finalists["race_n"]) == {50} and (finalists["diff_mean"] == 0.0).all()
+    best = finalists.sort_values("ttft_expected_ms").iloc[:2]
+    assert result.winner_id == best["candidate_id"].iloc[0] == "short/none"
+    assert best["ttft_expected_ms"].iloc[1] > 1.02 * best["ttft_expected_ms"].iloc[0]
+    assert not result.kept_baseline and result.reason.startswith("short/none: certified non-inferior")
+    # Per-request examples: never finalists by default, and their static prefix is not cached.
+    assert not df[df["strategy"] == "similar"]["finalist"].any()
     trade = result.tradeoff.set_index(["strategy", "k"])
     assert trade.loc[("similar", 2), "warm_cached_tokens"] < trade.loc[("fixed", 2), "warm_cached_tokens"]
+    assert (df["ttft_expected_ms"] - (0.8 * df["ttft_warm_ms"] + 0.2 * df["ttft_cold_ms"])).abs().max() < 1e-9
+    assert result.warm_share_source == "assumed" and result.ttft_resolution == 0.02
+    assert result.plan is not None and result.plan.pool == 50
     assert result.content["max_tokens"] == result.token_budget.max_tokens
     assert result.content["response_format"] == "json_schema"
     assert {"free", "schema_in_prompt", "constrained"} == set(result.formats["format"])
+    assert result.winner["test_n"] == 8 and result.winner["test_diff_mean"] == 0.0
+    assert result.winner["measured_cold_ms"] > 0 and result.verification["rendering_checked"] == 8
+
+
+def test_optimize_writes_tables_json_and_plot(fake_run, tmp_path):
+    result, _ = fake_run
     paths = result.write(tmp_path / "out")
-    assert pd.read_parquet(paths["candidates"]).shape[0] == len(df)
+    assert {"candidates", "pareto", "density_curve", "tradeoff", "formats", "timing", "result", "plot"} <= set(paths)
+    assert pd.read_parquet(paths["candidates"]).shape[0] == len(result.candidates)
+    assert pd.read_parquet(paths["pareto"])["candidate_id"].tolist() == result.pareto["candidate_id"].tolist()
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads(paths["result"].read_text())["winner_id"] == result.winner_id
+    saved = json.loads(paths["result"].read_text())
+    assert saved["winner_id"] == result.winner_id and saved["content"] == result.content
+    assert saved["metrics"]["winner_max_tokens"] == result.token_budget.max_tokens
+    assert saved["plan_text"] == result.plan.sentence()
     summary = result.to_summary()
-    assert "Winner:" in summary and result.winner_id in summary
-    print(summary)
+    assert "Winner: short/none" in summary and "Plan: 50 dev records" in summary
+    assert "80% of requests warm (assumed)" in summary
 
 
 def test_published_template_renders_what_was_verified(fake_run, tmp_path, triage):
     from promptdistill.client import Templates
+    from promptdistill.pipeline.publish import CANDIDATE_LABEL, publish_result
     from promptdistill.registry import Registry
     from promptdistill.specs import spec_messages
 
     result, _ = fake_run
     spec, _, dev = triage
-    record = result.publish(Registry(tmp_path / "reg"))
+    (tmp_path / "reg").mkdir()  # a missing root reads as "not mounted", not as an empty registry
+    registry = Registry(str(tmp_path / "reg"))
+    record, created = publish_result(registry, result.to_json(), run_key="unit-test", labels=(CANDIDATE_LABEL,))
+    assert created
     assert record.provenance["dataset"]["sha256"] and record.provenance["engine"]["model"] == "fake"
     assert record.metrics["winner_dev_mean"] == pytest.approx(result.winner["dev_mean"])
+    again, created = publish_result(registry, result.to_json(), run_key="unit-test", labels=(CANDIDATE_LABEL,))
+    assert not created and again.version == record.version  # once per run key
     t = Templates(str(tmp_path / "reg")).get(f"{spec.name}@candidate")
-    inputs = dev[0]["inputs"]
-    assert t.render(inputs) == spec_messages(result.winner_spec, inputs, examples=result.winner_examples)
+    for r in dev[:3]:
+        assert t.render(r["inputs"]) == spec_messages(result.winner_spec, r["inputs"], examples=result.winner_examples)
     assert t.max_tokens == result.token_budget.max_tokens
 
 
-# --- CLI ---------------------------------------------------------------------------------
-
-def test_cli_registers_optimize_with_its_options():
-    from promptdistill.cli import build_parser
-
-    args = build_parser().parse_args(["optimize", "ticket_triage", "--budget-calls", "500", "--budget-minutes", "3",
-                                      "--seed", "2", "--publish"])
-    assert args.func.__name__ == "_optimize"
-    assert (args.budget_calls, args.budget_minutes, args.seed, args.publish) == (500, 3.0, 2, True)
-
-
-def test_cli_without_a_ttft_model_says_how_to_make_one(tmp_path, monkeypatch):
-    from promptdistill.cli.optimize import find_ttft_model
-    from promptdistill.core.errors import ConfigError
-
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="promptdistill ttft fit"):
-        find_ttft_model(None, tmp_path / ".promptdistill")
-    (tmp_path / "artifacts/ttft/models").mkdir(parents=True)
-    (tmp_path / "artifacts/ttft/models/LATEST").write_text("v1\n")
-    assert find_ttft_model(None, tmp_path / ".promptdistill").name == "models"
+def test_the_slo_decides_who_may_win(triage):
+    """The same run with an SLO only the shortest prompt meets: the others are noted and not raced."""
+    spec, _, _ = triage
+    short = spec.with_changes(instruction="Pick the team for this ticket.")
+    budget = dataclasses.replace(RUN_BUDGET, timing_records=0, formats=False, similar_counts=())
+    probe = optimize(FakeEngine(reply=_triage_reply), with_drop(spec, ttft_ms=None), ttft_model=ttft_model(mape=0.02),
+                     budget=budget, distill_candidates=[("short", short)])
+    costs = probe.candidates.set_index("candidate_id")["ttft_expected_ms"].sort_values()
+    slo = (costs.iloc[0] + costs.iloc[1]) / 2  # between the two fastest predictions
+    result = optimize(FakeEngine(reply=_triage_reply), with_drop(spec, ttft_ms=slo), ttft_model=ttft_model(mape=0.02),
+                      budget=budget, distill_candidates=[("short", short)])
+    df = result.candidates.set_index("candidate_id")
+    assert result.winner_id == costs.index[0]
+    slower = [cid for cid in costs.index[1:] if cid != "baseline"]
+    assert all("misses the SLO: predicted expected TTFT" in df.loc[cid, "notes"] for cid in slower)
+    assert not df.loc[slower, "finalist"].any()
 
 
-def test_cli_rejects_a_bad_budget():
-    from promptdistill.cli import main
-
-    assert main(["optimize", "ticket_triage", "--budget-calls", "0"]) == 1
+def test_a_metric_that_scores_every_baseline_reply_zero_keeps_the_baseline(triage):
+    spec, _, _ = triage
+    short = spec.with_changes(instruction="Pick the team for this ticket.")
+    engine = FakeEngine(reply=lambda req: json.dumps({"label": "nobody"}))
+    budget = dataclasses.replace(RUN_BUDGET, timing_records=0, formats=False, similar_counts=())
+    result = optimize(engine, with_drop(spec), ttft_model=ttft_model(), budget=budget,
+                      distill_candidates=[("short", short)])
+    assert result.kept_baseline and result.winner_id == "baseline"
+    assert "the metric does not measure quality here; keeping the baseline" in result.reason
+    assert result.plan is None and (result.candidates["race_n"] == 0).all()
 
 
 def test_a_winner_that_fails_on_test_is_reverted_to_the_baseline(triage):
     """A candidate as good as the baseline on dev but worse on test must not be published."""
-    from fakes import FAKE_IDENTITY, FakeEngine
-
-    from promptdistill.optimize import OptimizeBudget, optimize
-    from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
-    from promptdistill.ttft.model import TTFTModel
-
     spec, _, dev = triage
+    spec = with_drop(spec)
     dev_tickets = {r["inputs"]["ticket"] for r in dev}
 
     def reply(req):
         system, user = req.chat()[0]["content"], req.chat()[-1]["content"]
-        if "Which answer is better" in user:
-            return json.dumps({"verdict": "same"})
         right = json.loads(_triage_reply(req))["label"]
         ticket = user.rsplit("Ticket: ", 1)[-1]
         if system.startswith(spec.instruction.strip()[:40]) or ticket in dev_tickets:
             return json.dumps({"label": right})
         return json.dumps({"label": "technical" if right != "technical" else "billing"})
 
-    rng = np.random.default_rng(0)
-    X = np.column_stack([rng.uniform(10, 1500, 60), np.zeros(60), rng.integers(0, 8, 60),
-                         rng.uniform(0.3, 0.8, 60), rng.uniform(5, 9, 60)])
-    model = TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, 50 + 0.4 * X[:, 0]), "monomial", "linear", FAKE_IDENTITY)
     short = spec.with_changes(instruction="Pick the team for this ticket.")
-    budget = OptimizeBudget(max_lm_calls=400, dev_size=8, minibatch_size=4, test_size=8, fewshot_counts=(0,),
+    budget = OptimizeBudget(max_lm_calls=500, screen_size=8, dev_size=58, test_size=8, fewshot_counts=(0,),
                             similar_counts=(), timing_records=0, formats=False)
-    result = optimize(FakeEngine(reply=reply), spec, ttft_model=model, budget=budget, distill_candidates=[("short", short)])
+    result = optimize(FakeEngine(reply=reply), spec, ttft_model=ttft_model(mape=0.02), budget=budget,
+                      distill_candidates=[("short", short)])
     assert result.kept_baseline and result.winner_id == "baseline"
     assert "REVERTED on test" in result.reason and result.verification["reverted_from"] == "short/none"
     assert result.winner["test_mean"] == result.baseline["test_mean"]
+    assert result.winner_spec == spec  # the published template is the baseline's
 
 
 def test_a_budget_too_small_for_baseline_and_verification_is_refused(triage):
-    from fakes import FAKE_IDENTITY, FakeEngine
-
     from promptdistill.core.errors import ConfigError
-    from promptdistill.optimize import OptimizeBudget, optimize
-    from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
-    from promptdistill.ttft.model import TTFTModel
 
     spec, _, _ = triage
-    X = np.column_stack([np.linspace(10, 900, 20), np.zeros(20), np.zeros(20), np.full(20, 0.5), np.linspace(5, 9, 20)])
-    model = TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, 50 + 0.4 * X[:, 0]), "monomial", "linear", FAKE_IDENTITY)
     engine = FakeEngine(reply=_triage_reply)
-    with pytest.raises(ConfigError, match="max_lm_calls: 30 is too small for ticket_triage"):
-        optimize(engine, spec, ttft_model=model, budget=OptimizeBudget(max_lm_calls=30, dev_size=10, test_size=10))
+    # dev 10 (screen 5, certify 5) + formats 2 x 5 + verification 3 x 10 test records = 50 calls.
+    with pytest.raises(ConfigError, match=r"max_lm_calls: 30 is too small for ticket_triage: the baseline and the "
+                                          r"verification alone need up to 50 LM calls \(10 dev, 10 test records\)"):
+        optimize(engine, spec, ttft_model=ttft_model(), budget=OptimizeBudget(max_lm_calls=30, dev_size=10,
+                                                                              test_size=10))
     assert engine.calls == 0
 
 
-def test_predictions_are_clipped_at_the_physical_floor():
-    from promptdistill.optimize.predict import MIN_TTFT_MS, clip_ttft
+# --- CLI ---------------------------------------------------------------------------------
 
-    assert clip_ttft([-44.0, 0.2, 250.0]).tolist() == [MIN_TTFT_MS, MIN_TTFT_MS, 250.0]
+
+def test_cli_registers_optimize_with_its_options():
+    from promptdistill.cli import build_parser
+    from promptdistill.cli.optimize import _budget
+
+    args = build_parser().parse_args(["optimize", "ticket_triage", "--budget-calls", "500", "--budget-minutes", "3",
+                                      "--seed", "2", "--publish", "--dev", "120", "--test", "40", "--screen", "12",
+                                      "--alpha", "0.05", "--finalists", "2", "--ttft", "cold", "--warm-share", "0.6"])
+    assert args.func.__name__ == "_optimize"
+    assert (args.budget_calls, args.budget_minutes, args.seed, args.publish) == (500, 3.0, 2, True)
+    budget, rule = _budget(args)
+    assert (budget.max_lm_calls, budget.max_minutes, budget.dev_size, budget.test_size, budget.screen_size) == \
+        (500, 3.0, 120, 40, 12)
+    assert (rule.alpha, rule.finalists, rule.ttft, rule.warm_share) == (0.05, 2, "cold", 0.6)
+    defaults, default_rule = _budget(build_parser().parse_args(["optimize", "ticket_triage"]))
+    assert defaults == OptimizeBudget() and default_rule == SelectionRule()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["optimize", "ticket_triage", "--ttft", "hot"])
+
+
+def test_cli_rejects_a_bad_budget(capsys):
+    """Refused before any engine starts, with the reason; 2 is the CLI's exit code for a config error."""
+    from promptdistill.cli import main
+
+    assert main(["optimize", "ticket_triage", "--prompts-dir", str(PROMPTS), "--budget-calls", "0"]) == 2
+    assert "ConfigError: optimize: max_lm_calls must be at least 1, got 0." in capsys.readouterr().err
+    assert main(["optimize", "ticket_triage", "--prompts-dir", str(PROMPTS), "--warm-share", "2"]) == 2
+    assert "ConfigError: optimize: warm_share must be in [0, 1], got 2.0." in capsys.readouterr().err
