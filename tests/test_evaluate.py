@@ -9,7 +9,7 @@ import pytest
 from bundled_specs import load_spec
 from fakes import FakeEngine
 from promptdistill.distill.clauses import apply_clauses, split_clauses
-from promptdistill.evaluate import evaluate, evaluate_many
+from promptdistill.evaluate import EvalItem, evaluate, evaluate_many, judge_cost
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.specs import spec_messages
 
@@ -34,7 +34,10 @@ def test_one_batch_per_evaluation_with_scores_in_record_order():
     assert report.mean == pytest.approx(2 / 3)
     assert report.valid_json_rate == 1.0
     assert (report.generation_calls, report.judge_calls, report.lm_calls) == (3, 0, 3)
-    assert report.completion_tokens > 0 and report.prompt_tokens > 0
+    assert report.completion_tokens == [2, 2, 2]  # '{"label": "..."}': two whitespace tokens each
+    assert report.truncated == [False, False, False]
+    assert report.prompt_tokens > 0 and report.n == report.n_scored == 3
+    assert report.summary()["completion_tokens"] == 6 and report.summary()["lm_calls"] == 3
 
 
 def test_requests_are_rendered_by_spec_messages_and_constrained():
@@ -58,14 +61,50 @@ def test_invalid_replies_score_zero_and_lower_the_valid_rate():
     assert report.scores == [0.0, 0.0]
 
 
-def test_evaluate_many_puts_every_spec_in_one_batch():
+def test_evaluate_many_puts_every_item_in_one_batch():
     spec = load_spec("ticket_triage")
     clauses = split_clauses(spec)
     short = apply_clauses(spec, [], all_clauses=clauses)
     fake = label_engine(lambda user: "billing")
-    reports = evaluate_many(fake, [spec, short], RECORDS)
+    reports = evaluate_many(fake, [EvalItem(spec, RECORDS), EvalItem(short, RECORDS)])
     assert fake.batches == [6]
     assert [r.mean for r in reports] == [pytest.approx(1 / 3)] * 2
+    assert [r.spec_name for r in reports] == [spec.name, short.name]
+
+
+def test_evaluate_many_keeps_each_items_records_examples_and_limits():
+    spec = load_spec("ticket_triage")
+    seen = []
+    fake = FakeEngine(lambda req: seen.append(req) or json.dumps({"label": "shipping"}))
+    examples = [{"id": "x", "inputs": {"ticket": "refund please"}, "expected": {"label": "billing"}}]
+    items = [EvalItem(spec, RECORDS[:1], examples=examples, max_tokens=7),
+             EvalItem(spec, RECORDS[1:], constrained=False)]
+    first, second = evaluate_many(fake, items, seed=3)
+    assert fake.batches == [3]
+    assert (first.record_ids, second.record_ids) == (["r1"], ["r2", "r3"])
+    assert (first.scores, second.scores) == ([0.0], [0.0, 1.0])
+    assert seen[0].chat() == spec_messages(spec, RECORDS[0]["inputs"], examples=examples)
+    assert seen[0].max_tokens == 7 and seen[0].schema == spec.output_schema
+    assert seen[1].chat() == spec_messages(spec, RECORDS[1]["inputs"])
+    assert seen[1].json_schema is None and seen[1].max_tokens == spec.max_tokens
+    assert {req.seed for req in seen} == {3}
+    assert evaluate_many(fake, []) == [] and fake.batches == [3]  # nothing to evaluate: no batch
+    assert evaluate_many(fake, [EvalItem(spec, [])])[0].n == 0
+
+
+def test_replies_cut_at_max_tokens_are_flagged_truncated():
+    spec = load_spec("ticket_triage")
+    fake = FakeEngine(lambda req: "one two three four five six", truncate=True)
+    report = evaluate(fake, spec, RECORDS[:2], constrained=False, max_tokens=4)
+    assert report.truncated == [True, True] and report.completion_tokens == [4, 4]
+    report = evaluate(fake, spec, RECORDS[:1], constrained=False, max_tokens=6)
+    assert report.truncated == [False] and report.completion_tokens == [6]
+
+
+def test_judge_cost_counts_every_judge_repair():
+    assert judge_cost(load_spec("ticket_triage"), 10) == 10
+    assert judge_cost(load_spec("summarize"), 10) == 30  # generation + rubric judge with one repair
+    assert judge_cost(load_spec("ticket_triage"), 10, with_equivalence=True) == 50  # + both orders, repaired
 
 
 def test_judge_rubric_specs_are_scored_by_the_rubric_judge():
@@ -123,6 +162,33 @@ def test_merged_reports_concatenate():
     merged = a.merged(b)
     assert merged.record_ids == ["r1", "r2", "r3"] and merged.lm_calls == 3
     assert merged.mean == pytest.approx(1 / 3)
+    assert merged.completion_tokens == [2, 2, 2] and merged.truncated == [False] * 3
+    assert merged.prompt_tokens == a.prompt_tokens + b.prompt_tokens
+    assert merged.equivalence is None
+
+
+def test_merged_equivalence_fills_the_side_without_it():
+    spec = load_spec("ticket_triage")
+
+    def reply(req):
+        if "verdict" in (req.schema or {}).get("properties", {}):
+            return json.dumps({"verdict": "same"})
+        return json.dumps({"label": "billing"})
+
+    fake = FakeEngine(reply)
+    compared = evaluate(fake, spec, RECORDS[:1], baseline_replies=['{"label": "billing"}'])
+    plain = evaluate(fake, spec, RECORDS[1:])
+    assert compared.merged(plain).equivalence == [0.5, None, None]
+    assert plain.merged(compared).equivalence == [None, None, 0.5]
+
+
+def test_head_keeps_the_first_records():
+    spec = load_spec("ticket_triage")
+    report = evaluate(label_engine(lambda user: "billing"), spec, RECORDS)
+    head = report.head(2)
+    assert head.record_ids == ["r1", "r2"] and head.scores == [1.0, 0.0]
+    assert head.completion_tokens == [2, 2] and head.truncated == [False, False] and head.valid == [True, True]
+    assert head.prompt_tokens == 0  # token totals are not split
 
 
 # --- the real engine ---------------------------------------------------------------------
@@ -130,10 +196,12 @@ def test_merged_reports_concatenate():
 
 @pytest.fixture(scope="module")
 def slug_records():
-    from promptdistill.distill import DistillConfig, split_records
+    from promptdistill.search.splits import split_records
+    from promptdistill.specs import select_examples
 
-    dev, _, examples = split_records(load_spec("format_rules"), DistillConfig(dev_size=16, seed=0))
-    return dev, examples
+    spec = load_spec("format_rules")
+    splits = split_records(spec, seed=0, screen_size=16, dev_size=16, test_size=0)
+    return splits.dev, list(select_examples(spec, splits.train, seed=0))
 
 
 @pytest.mark.engine
@@ -144,13 +212,17 @@ def test_real_engine_evaluation_is_one_batch_with_valid_json(engine):
     assert all(s in (0.0, 1.0) for s in report.scores)
     assert report.valid_json_rate == 1.0  # constrained decoding
     assert all(json.loads(r)["label"] in ("billing", "technical", "account", "shipping") for r in report.replies)
+    assert len(report.completion_tokens) == 3 and all(t > 0 for t in report.completion_tokens)
+    assert report.truncated == [False, False, False]
 
 
 @pytest.mark.engine
 def test_real_engine_catches_a_candidate_that_drops_a_required_output_rule(engine, slug_records):
     """format_rules without its lowercase/digits/hyphen rule: the slug metric's pattern
-    catches the worse slugs and the candidate is not feasible."""
-    from promptdistill.search.racing import Candidate, is_feasible, select_winner
+    catches the worse slugs, and screening does not keep the candidate as a finalist."""
+    from promptdistill.engine.meter import CallMeter
+    from promptdistill.search.budget import Budget
+    from promptdistill.search.racing import Candidate, RaceSettings, paired_mean, screen
 
     spec = load_spec("format_rules")
     clauses = split_clauses(spec)
@@ -158,9 +230,15 @@ def test_real_engine_catches_a_candidate_that_drops_a_required_output_rule(engin
     without = apply_clauses(spec, [c.id for c in clauses if c.id != rule.id], all_clauses=clauses)
     assert rule.text not in without.instruction_text()
     dev, examples = slug_records
-    base_report, cand_report = evaluate_many(engine, [spec, without], dev, examples=examples)
-    assert cand_report.mean < base_report.mean - spec.slo.max_quality_drop
-    base = Candidate("base", "baseline", 0, spec, 300, report=base_report)
-    cand = Candidate("cand", "prune:x", 1, without, 250, report=cand_report)
-    assert not is_feasible(cand, base_report.scores, spec.slo.max_quality_drop)
-    assert select_winner(base, [cand], base_report.scores, spec.slo.max_quality_drop) is base
+    base_report, cand_report = evaluate_many(engine, [EvalItem(spec, dev, examples), EvalItem(without, dev, examples)])
+    margin = spec.slo.max_quality_drop
+    assert paired_mean(cand_report, base_report) < -margin
+    base = Candidate("base", spec, examples, cost=300.0, screen=base_report)
+    cand = Candidate("cand", without, examples, cost=250.0, screen=cand_report)
+
+    def no_more_evaluations(cands, records):
+        raise AssertionError("both were evaluated on every record already")
+
+    finalists = screen(base, [cand], dev, no_more_evaluations, budget=Budget(CallMeter(engine), max_calls=10, max_minutes=5),
+                       settings=RaceSettings(margin=margin), resolution=lambda a, b: 0.0)
+    assert finalists == [] and f"is below -{margin:g}" in cand.notes[0]
