@@ -53,6 +53,11 @@ def test_load_returns_the_documented_columns_in_file_order(tmp_path):
         ('{"id": "b", "split": "dev", "inputs": "x", "expected": 1}', ":2: inputs: must be an object"),
         ('{"id": "", "split": "dev", "inputs": {"q": "x"}, "expected": 1}', ":2: id: must be a non-empty string"),
         ('{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": 1, "label": 2}', ":2: label: unknown field"),
+        ('{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": NaN}', ":2: malformed JSON: NaN is not JSON"),
+        ('{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": -Infinity}', ":2: malformed JSON: -Infinity is not JSON"),
+        ("[" * 200_000 + "]" * 200_000, ":2: malformed JSON: nested deeper than 64 levels"),
+        ('{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": ' + "[" * 80 + "]" * 80 + "}",
+         ":2: malformed JSON: nested deeper than 64 levels"),
     ],
 )
 def test_each_bad_line_gives_an_error_naming_file_line_and_field(tmp_path, line, message):
@@ -62,6 +67,12 @@ def test_each_bad_line_gives_an_error_naming_file_line_and_field(tmp_path, line,
     errors = info.value.errors
     assert len(errors) == 1
     assert errors[0].startswith(str(path)) and message in errors[0], errors
+
+
+def test_a_line_is_split_on_newlines_only(tmp_path):
+    """U+2028 is valid raw inside a JSON string; str.splitlines() would cut the record there."""
+    path = _write(tmp_path, ['{"id": "a", "split": "dev", "inputs": {"q": "x\u2028y\x85z"}, "expected": 1}'])
+    assert load_dataset(path)["inputs"][0] == {"q": "x\u2028y\x85z"}
 
 
 def test_every_error_is_reported_not_just_the_first(tmp_path):
@@ -76,6 +87,11 @@ def test_every_error_is_reported_not_just_the_first(tmp_path):
 def test_missing_and_empty_files(tmp_path):
     with pytest.raises(SpecError, match="dataset file not found"):
         load_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(SpecError, match="is a directory"):
+        load_dataset(tmp_path)
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"id": "caf\xe9"}\n')
+    with pytest.raises(SpecError, match="latin1.jsonl: not UTF-8 text"):
+        load_dataset(tmp_path / "latin1.jsonl")
     empty = _write(tmp_path, [""])
     with pytest.raises(SpecError, match="no records"):
         load_dataset(empty)
@@ -102,6 +118,8 @@ def test_write_records_is_atomic_and_validates(tmp_path):
     before = path.read_bytes()
     with pytest.raises(SpecError, match="split: unknown split"):
         write_records(path, [{"id": "a", "split": "nope", "inputs": {}, "expected": 1}])
+    with pytest.raises(SpecError, match="out.jsonl:1: not JSON"):
+        write_records(path, [{"id": "a", "split": "dev", "inputs": {}, "expected": float("nan")}])
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
 

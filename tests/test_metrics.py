@@ -183,3 +183,20 @@ def test_expected_error_names_the_problem(metric, expected, problem):
         assert got is None
     else:
         assert got is not None and problem in got
+
+
+def test_a_backtracking_pattern_is_bounded_in_scoring_and_validation():
+    """A pattern that backtracks exponentially ("(a|a)+b") must not hang on a model reply."""
+    import time
+
+    from promptdistill.specs.metrics import PATTERN_TIMEOUT_S
+
+    evil = MetricSpec(kind="exact", pattern="(a|a)+b")
+    reply = "a" * 40 + "c"
+    t0 = time.perf_counter()
+    assert score_reply(evil, reply, reply) == 0.0
+    assert expected_error(evil, reply) is not None and "took longer than" in expected_error(evil, reply)
+    assert time.perf_counter() - t0 < 20 * PATTERN_TIMEOUT_S + 1.0
+    nested = MetricSpec(kind="exact", pattern="(a+)+b")  # the regex module does not backtrack on this one
+    assert score_reply(nested, "a" * 10_000 + "c", "x") == 0.0
+    assert score_reply(nested, "aaab", "aaab") == 1.0

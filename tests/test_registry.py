@@ -12,12 +12,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import logging
+
 import pytest
 
 from promptdistill.cli import main as cli_main
 from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
-from promptdistill.registry import Registry, content_hash, parse_ref
-from promptdistill.registry.collection import label_stack
+from promptdistill.registry import Registry, StoreUnavailableError, content_hash, parse_ref
+from promptdistill.registry.backend import STALE_TEMP_S
+from promptdistill.registry.collection import Collection, label_stack
 
 SCHEMA = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
 
@@ -125,7 +128,9 @@ def test_parse_ref():
     assert parse_ref("s:3") == ("s", None, 3)
     assert parse_ref("s") == ("s", "production", None)
     assert parse_ref("s", version=2) == ("s", None, 2)
-    for bad in ("s:x", "s:0", "s@", "../s@production", "s@staging@x"):
+    assert parse_ref("s:007") == ("s", None, 7)
+    for bad in ("s:x", "s:0", "s@", "../s@production", "s@staging@x", "s:²", "s:３", "s:٣", "s:1²", "s: 3", "s:+3",
+                "s:-1", "s:" + "9" * 40):
         with pytest.raises(RegistryError):
             parse_ref(bad)
     with pytest.raises(RegistryError, match="not"):
@@ -188,6 +193,175 @@ def test_labels_survive_a_crash_between_event_and_checkpoint(reg):
     checkpoint.write_text("{broken")
     assert reg.labels("summarize") == {"production": 2}
     assert reg.set_label("summarize", "staging", 1).seq == 3
+
+
+def _event_file(reg: Registry, name: str, seq: int) -> Path:
+    return Path(reg.root) / "templates" / name / "labels" / "history" / f"{seq:08d}.json"
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("labels", "abc", "labels: must be an object of label -> version, got 'abc'"),
+        ("labels", {"production": "2"}, "labels.production: must map a valid label to a positive integer"),
+        ("labels", {"production": 1}, "labels: says production=1, but the event moves it to 2"),
+        ("labels", {"production": 2, "../x": 1}, "labels.../x"),
+        ("seq", "2", "seq: must be a positive integer, got '2'"),
+        ("seq", 7, "seq: is 7, but the file is event 2"),
+        ("seq", True, "seq: must be a positive integer, got True"),
+        ("to_version", 2.0, "to_version: must be a positive integer"),
+        ("from_version", "1", "from_version: must be a positive integer or null"),
+        ("label", 5, "label: not a valid label: 5"),
+        ("action", "delete", "action: must be one of ('set', 'rollback')"),
+        ("actor", None, "actor: must be a string"),
+    ],
+)
+def test_a_wrong_typed_history_event_is_a_clear_integrity_error(reg, capsys, field, value, message):
+    reg.publish("summarize", make_content(), labels=["production"])
+    reg.publish("summarize", make_content("b"), labels=["production"])
+    path = _event_file(reg, "summarize", 2)
+    event = json.loads(path.read_text())
+    event[field] = value
+    path.write_text(json.dumps(event))
+    with pytest.raises(IntegrityError) as info:
+        reg.labels("summarize")
+    assert str(info.value) == f"{path}: {message}" or str(info.value).startswith(f"{path}: {message}"), info.value
+    for argv in (["list"], ["show", "summarize@production"], ["promote", "summarize", "1", "--label", "production"],
+                 ["history", "summarize"]):
+        assert cli_main(["templates", *argv, "--root", reg.root]) == 1, argv
+        assert f"IntegrityError: {path}: " in capsys.readouterr().err
+    path.write_text("garbage{")
+    with pytest.raises(IntegrityError, match="not valid JSON"):
+        reg.resolve("summarize", "production")
+    path.unlink()  # the operator removes the bad event: the label is back where event 1 left it
+    assert reg.labels("summarize") == {"production": 1}
+
+
+def test_the_history_is_the_source_of_truth_not_the_checkpoint(reg, caplog):
+    reg.publish("summarize", make_content("a"), labels=["production"])
+    reg.publish("summarize", make_content("b"), labels=["production"])
+    checkpoint = Path(reg.root) / "templates/summarize/labels.json"
+    good = json.loads(checkpoint.read_text())
+    checkpoint.write_text(json.dumps({**good, "labels": {"production": 1, "staging": 2}}))  # disagrees
+    assert reg.labels("summarize") == {"production": 2}
+    for seq in (50, "2", -1, None, True):
+        checkpoint.write_text(json.dumps({**good, "seq": seq}))
+        with caplog.at_level(logging.WARNING, logger="promptdistill.registry"):
+            assert reg.labels("summarize") == {"production": 2}, seq
+    checkpoint.write_text(json.dumps({**good, "seq": 50}))
+    event = reg.set_label("summarize", "staging", 1)
+    assert event.seq == 3  # after the last event that exists: no gap from the checkpoint's 50
+    assert [e.seq for e in reg.history("summarize")] == [1, 2, 3]
+    assert json.loads(checkpoint.read_text())["seq"] == 3
+
+
+def test_a_publish_sets_all_its_labels_in_one_event(reg):
+    reg.publish("summarize", make_content("a"), labels=["production"])
+    rec = reg.publish("summarize", make_content("b"), labels=["candidate", "production", "candidate"])
+    (only,) = reg.history("summarize")[1:]
+    assert only.labels == {"candidate": 2, "production": 2} and only.seq == 2
+    prod = reg.history("summarize", "production")
+    assert [(e.from_version, e.to_version) for e in prod] == [(None, 1), (1, 2)]
+    assert [(e.label, e.from_version, e.to_version) for e in reg.history("summarize", "candidate")] == [
+        ("candidate", None, 2)]
+    assert reg.rollback("summarize", "production").to_version == 1  # the secondary label's stack is intact
+    assert reg.labels("summarize") == {"candidate": rec.version, "production": 1}
+
+
+def test_a_publish_killed_before_its_label_event_leaves_no_label(reg, monkeypatch):
+    reg.publish("summarize", make_content("a"), labels=["production"])
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies between the version and the label event
+
+    monkeypatch.setattr(Collection, "move_labels", killed)
+    with pytest.raises(KeyboardInterrupt):
+        reg.publish("summarize", make_content("b"), labels=["staging", "production"])
+    monkeypatch.undo()
+    assert reg.versions("summarize") == [1, 2]
+    assert reg.labels("summarize") == {"production": 1}  # none of its labels, never some
+
+
+def test_concurrent_publishers_never_move_a_label_back(reg, caplog):
+    reg.publish("summarize", make_content("a"), labels=["production"])
+    original = Collection.move_labels
+    state = {"raced": False}
+
+    def racing(self, target, **kwargs):
+        if not state["raced"]:  # a second publisher gets version 3 and labels it first
+            state["raced"] = True
+            Registry(reg.root).publish("summarize", make_content("c"), labels=["production"])
+        return original(self, target, **kwargs)
+
+    Collection.move_labels = racing
+    try:
+        with caplog.at_level(logging.WARNING, logger="promptdistill.registry"):
+            slow = reg.publish("summarize", make_content("b"), labels=["production", "candidate"])
+    finally:
+        Collection.move_labels = original
+    assert slow.version == 2
+    assert reg.labels("summarize") == {"production": 3, "candidate": 2}  # production stayed on the newer 3
+    assert "already at newer version(s) {'production': 3}" in caplog.text
+    assert reg.set_label("summarize", "production", 2).to_version == 2  # an explicit promote may go back
+
+
+def test_set_label_expected_is_a_compare_and_set(reg):
+    reg.publish("summarize", make_content("a"), labels=["production"])
+    reg.publish("summarize", make_content("b"))
+    with pytest.raises(RegistryError, match="label 'production' points at 1, not 2 .*not moved to 2"):
+        reg.set_label("summarize", "production", 2, expected=2)
+    assert reg.set_label("summarize", "production", 2, expected=1).to_version == 2
+    with pytest.raises(RegistryError, match="points at None, not 1"):
+        reg.set_label("summarize", "staging", 2, expected=1)
+    assert reg.set_label("summarize", "staging", 2, expected=None).to_version == 2
+
+
+def test_stale_temp_files_are_removed_on_write(reg):
+    reg.publish("summarize", make_content("a"))
+    folder = version_file(reg, "summarize", 1).parent
+    old, fresh = folder / ".tmp-1-old", folder / ".tmp-2-fresh"
+    old.write_bytes(b"half a record")
+    fresh.write_bytes(b"a writer at work")
+    then = time.time() - STALE_TEMP_S - 60
+    os.utime(old, (then, then))
+    reg.publish("summarize", make_content("b"))
+    assert not old.exists() and fresh.exists()
+
+
+def test_an_empty_or_missing_root_is_unavailable_not_not_found(tmp_path):
+    empty = tmp_path / "mnt"
+    empty.mkdir()  # an unmounted mount point: the folder is there, the registry is not
+    reg = Registry(empty)
+    for call in (lambda: reg.get("summarize@production"), lambda: reg.get("summarize:1"), reg.names,
+                 lambda: reg.get_artifact("ttft", "m")):
+        with pytest.raises(StoreUnavailableError, match="no registry here"):
+            call()
+    with pytest.raises(StoreUnavailableError, match="does not exist or is not mounted"):
+        Registry(tmp_path / "nowhere").get("summarize@production")
+    reg.publish("other", make_content(name="other"))  # the first write makes it a registry
+    assert (empty / "registry.json").is_file()
+    with pytest.raises(TemplateNotFoundError, match="unknown template 'summarize'"):
+        reg.get("summarize@production")
+    assert reg.names() == ["other"]
+
+
+def test_bad_roots_are_registry_errors():
+    for root in ("", "   ", "foo://bucket/x"):
+        with pytest.raises(RegistryError, match="empty|unknown storage protocol 'foo'"):
+            Registry(root)
+
+
+def test_cli_refuses_non_ascii_versions(reg, capsys):
+    reg.publish("summarize", make_content(), labels=["production"])
+    root = ["--root", reg.root]
+    assert cli_main(["templates", "show", "summarize:²", *root]) == 1
+    assert "RegistryError: invalid reference 'summarize:²'" in capsys.readouterr().err
+    assert cli_main(["templates", "diff", "summarize:1", "summarize:３", *root]) == 1
+    assert "RegistryError: invalid reference 'summarize:３'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli_main(["templates", "promote", "summarize", "３", "--label", "production", *root])
+    assert info.value.code == 2 and "invalid version '３'" in capsys.readouterr().err
+    assert cli_main(["templates", "diff", "summarize:1", "1", *root]) == 0
 
 
 # ------------------------------------------------------------------------ integrity

@@ -225,6 +225,8 @@ BAD_SPECS = [
     (lambda s: s["metric"].update(kind="bleu"), "metric.kind: 'bleu' is not one of"),
     (lambda s: s["metric"].update(field="team"), "metric.field: 'team' is not a property of output.schema"),
     (lambda s: s["metric"].update(pattern="(unclosed"), "metric.pattern: not a valid regular expression"),
+    (lambda s: s["metric"].update(pattern="(a|a)+b"), "metric.pattern: takes longer than 50 ms"),
+    (lambda s: s["metric"].update(pattern="x" * 2000), "metric.pattern: longer than 1000 characters"),
     (lambda s: s.update(metric={"kind": "judge_rubric"}), "metric.rubric: a judge_rubric metric needs a rubric"),
     (lambda s: s.update(metric={"kind": "json_field", "pattern": "x"}), "metric.pattern: a json_field metric compares fields"),
     (lambda s: s["slo"].update(max_quality_drop=1.5), "slo.max_quality_drop: 1.5 is greater than the maximum"),
@@ -258,6 +260,42 @@ def test_unsafe_or_malformed_yaml_is_refused(tmp_path, text, message):
     assert len(errors) == 1 and errors[0].startswith(f"{path}: ") and message in errors[0], errors
 
 
+ALIAS_BOMB = "\n".join(
+    ["name: demo", "a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]" for i in range(8)]
+) + "\n"
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"name: demo\ndescription: caf\xe9\n", "line 2: not UTF-8 text (byte 0xe9"),
+        (ALIAS_BOMB.encode(), "(root): more than 100000 values once aliases are expanded"),
+        (("name: demo\n" + "".join(f"k{i}: &k{i} x\n" for i in range(101)) + "".join(f"r{i}: *k{i}\n" for i in range(101))).encode(),
+         "more than 100 aliases"),
+        (b"name: demo\ndescription: " + b"x" * (2 * 1024 * 1024) + b"\n", "(file): larger than 1024 KiB"),
+        (b"a: " + b"[" * 200_000 + b"]" * 200_000 + b"\n", "nested deeper than 64 levels"),
+        (b"a: " + b"[" * 70 + b"]" * 70 + b"\n", "nested deeper than 64 levels"),
+        (b"a: &a [*a]\n", "recursive alias"),
+    ],
+    ids=["non-utf8", "alias-bomb", "alias-count", "50mb-description", "200k-brackets", "deep", "recursive-alias"],
+)
+def test_hostile_yaml_is_refused_at_load_time(tmp_path, data, message):
+    path = _project(tmp_path, VALID)
+    path.write_bytes(data)
+    errors = validate_spec_file(path)
+    assert len(errors) == 1 and errors[0].startswith(f"{path}: ") and message in errors[0], errors
+    with pytest.raises(SpecError, match="demo.yaml: "):
+        load_spec(path)
+
+
+def test_a_spec_path_that_is_a_directory_is_an_error(tmp_path):
+    path = _project(tmp_path, VALID)
+    path.unlink()
+    path.mkdir()
+    assert validate_spec_file(path) == [f"{path}: (file): is a directory, not a YAML file"]
+
+
 def test_all_errors_are_reported_at_once(tmp_path):
     spec = _mutated(lambda s: (s.pop("description"), s.update(colour=1), s["slo"].update(max_quality_drop=2)))
     errors = validate_spec_file(_project(tmp_path, spec))
@@ -271,7 +309,15 @@ def test_all_errors_are_reported_at_once(tmp_path):
         (DATA + [dict(DATA[0], id="r9", inputs={"ticket": "x", "customer": "y"})], "demo.jsonl:9: inputs.customer: input not declared by the spec"),
         (DATA + [dict(DATA[0], id="r9", expected={"team": "a"})], "demo.jsonl:9: expected: missing field 'label'"),
         (DATA[4:], "template.system.examples.count: 2 examples but"),
+        (DATA[:-1] + ['{"id": "r7", "split": "test", "inputs": {"ticket": "x"}, "expected": {"label": NaN}}'],
+         "demo.jsonl:8: malformed JSON: NaN is not JSON"),
+        (DATA[:-1] + ['{"id": "r7", "split": "test", "inputs": {"ticket": "x"}, "expected": Infinity}'],
+         "demo.jsonl:8: malformed JSON: Infinity is not JSON"),
+        (DATA + ["[" * 200_000 + "]" * 200_000], "demo.jsonl:9: malformed JSON: nested deeper than 64 levels"),
+        ([r for r in DATA if r["split"] != "dev"], "demo.jsonl: split: no dev records"),
+        ([r for r in DATA if r["split"] != "test"], "demo.jsonl: split: no test records"),
     ],
+    ids=["malformed", "undeclared-input", "missing-field", "few-train", "nan", "infinity", "brackets", "no-dev", "no-test"],
 )
 def test_dataset_problems_are_reported_by_spec_validation(tmp_path, data, message):
     errors = validate_spec_file(_project(tmp_path, VALID, data=data))
@@ -313,3 +359,23 @@ def test_cli_render(capsys, monkeypatch):
     assert payload["record"] == first_dev and "Examples:" not in payload["messages"][0]["content"]
     assert main(["spec", "render", "ticket_triage", "--id", "nope"]) == 2  # bad input: like argparse's usage errors
     assert "SpecError: " in capsys.readouterr().err
+
+
+def test_cli_exits_2_with_file_field_reason_never_a_traceback(tmp_path, capsys, monkeypatch):
+    path = _project(tmp_path, VALID)
+    monkeypatch.chdir(tmp_path)
+    path.write_bytes(b"name: demo\ndescription: \xff\n")
+    assert main(["spec", "validate", str(path)]) == 2
+    assert f"{path}: line 2: not UTF-8 text" in capsys.readouterr().err
+    assert main(["spec", "render", str(path)]) == 2
+    assert "SpecError: " in capsys.readouterr().err
+    (tmp_path / "cfg.toml").mkdir()
+    assert main(["--config", str(tmp_path / "cfg.toml"), "templates", "list"]) == 2
+    assert f"ConfigError: {tmp_path / 'cfg.toml'}: not a config file (a directory)" in capsys.readouterr().err
+
+
+def test_cli_render_json_is_valid_json(tmp_path, capsys, monkeypatch):
+    path = _project(tmp_path, VALID)
+    monkeypatch.chdir(tmp_path)
+    assert main(["spec", "render", str(path), "--json"]) == 0
+    json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the output"))
