@@ -300,3 +300,13 @@ def test_real_run_same_seed_same_result(engine, real_run):
     assert second.candidate_rows() == first.candidate_rows()
     assert second.clause_rows == first.clause_rows
     assert second.winner.text == first.winner.text
+
+
+def test_without_its_own_race_the_distiller_hands_its_finalists_on(triage):
+    spec, splits = triage
+    engine = triage_engine(records(splits))
+    result = distill(engine, spec, config=small(race=False, calibrate=False, test_size=0), splits=splits)
+    assert result.winner is result.original and "go to the optimizer" in result.reason
+    assert result.finalists and all(MAIN_RULE in c.text for c in result.candidates if c.id in result.finalists)
+    assert all(c.raced is None for c in result.candidates)  # no certify record spent
+    assert engine.calls == result.total_lm_calls < 200

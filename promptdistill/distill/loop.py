@@ -83,6 +83,10 @@ class DistillConfig:
     """Candidates raced on the certify records (alpha is split among them)."""
     first_look: int = 50
     """Certify records of the race's first look (then doubling)."""
+    race: bool = True
+    """Race the finalists on the certify records. The nightly turns it off: the optimizer
+    races the same finalists (with its example settings) against the same baseline, so a
+    race here would spend the same records twice."""
     ablation: bool = True
     rewrite: bool = True
     proposals: tuple[str, ...] = ()
@@ -279,9 +283,13 @@ class _Run:
         finalists = self.screen(self.candidates[1:]) if self.original.screen is not None else []
         plan = self.plan(finalists)
         log.info("search stopped (%s) after %d LM calls; %s", stop, self.meter.calls, plan.sentence())
-        race(self.original, finalists, self.splits.certify, self.evaluate, budget=self.budget, settings=self.settings,
-             resolution=_exact, calls_per_record=self.per_record, log=log.info)
-        winner, reason = select(self.original, finalists, resolution=_exact)
+        if self.config.race:
+            race(self.original, finalists, self.splits.certify, self.evaluate, budget=self.budget,
+                 settings=self.settings, resolution=_exact, calls_per_record=self.per_record, log=log.info)
+            winner, reason = select(self.original, finalists, resolution=_exact)
+        else:
+            winner, reason = self.original, (f"not raced here: the {len(finalists)} finalist(s) go to the optimizer, "
+                                             "which races them against the baseline")
         search_calls = self.meter.calls
         test_reports = self.held_out(winner)
         calibration = self.calibrate()

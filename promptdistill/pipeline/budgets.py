@@ -70,13 +70,13 @@ def budget_preset(name: str) -> dict[str, Any]:
         ValueError: an unknown preset name.
     """
     if name == "full":
-        return {"ttft_budget": TTFTBudget(), "distill": DistillConfig(), "budget": OptimizeBudget()}
+        return {"ttft_budget": TTFTBudget(), "distill": DistillConfig(race=False), "budget": OptimizeBudget()}
     if name == "quick":
         return {
             "ttft_budget": TTFTBudget(points=24, repeats=2, spec_records=2, minutes=6.0),
             "distill": DistillConfig(screen_size=16, dev_size=400, test_size=0, max_rounds=1, max_lm_calls=300,
                                      max_minutes=2.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
-                                     finalists=2),
+                                     finalists=2, race=False),
             "budget": OptimizeBudget(max_lm_calls=1600, max_minutes=4.0, screen_size=16, dev_size=400, test_size=200,
                                      fewshot_counts=(0, 2, 4), similar_counts=(2,), fixed_subsets=1, max_variants=3,
                                      feature_records=3, timing_records=2, format_size=8),
@@ -87,7 +87,7 @@ def budget_preset(name: str) -> dict[str, Any]:
                                       fewshot_probe=False),
             "distill": DistillConfig(screen_size=4, dev_size=12, test_size=0, max_rounds=1, max_lm_calls=60,
                                      max_minutes=2.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
-                                     judge_examples=1, finalists=1, first_look=8),
+                                     judge_examples=1, finalists=1, race=False),
             "budget": OptimizeBudget(max_lm_calls=150, max_minutes=2.0, screen_size=4, dev_size=12, test_size=6,
                                      fewshot_counts=(0, 2), similar_counts=(), fixed_subsets=1, max_variants=2,
                                      feature_records=2, timing_records=1, formats=False, format_size=4),
