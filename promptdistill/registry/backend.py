@@ -26,7 +26,7 @@ not exist, or holds none of ``registry.json`` (the marker the first write create
 unavailable, and so is an object-store prefix with none of them.
 
 Object stores get bounded waits by default (``DEFAULT_S3_OPTIONS``: 2 s to connect,
-5 s per read, 2 attempts in botocore and in s3fs), instead of s3fs's own defaults,
+5 s per read, 2 attempts in botocore, none more in s3fs), instead of s3fs's own defaults,
 under which one request to an endpoint that accepts and never answers blocked for
 minutes. Options given by the caller win.
 """
@@ -60,9 +60,10 @@ STALE_TEMP_S = 3600.0
 
 DEFAULT_S3_OPTIONS: dict[str, Any] = {
     # s3fs retries a timed-out request itself (5 times by default) on top of botocore's
-    # own retries: with its 15 s read timeout, that was minutes per request.
-    "retries": 2,
-    "config_kwargs": {"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 2, "mode": "standard"}},
+    # own retries: with its 15 s read timeout, that was minutes per request. botocore's
+    # standard mode already retries timeouts, resets and throttling once here.
+    "retries": 1,
+    "config_kwargs": {"connect_timeout": 2, "read_timeout": 5, "retries": {"total_max_attempts": 2, "mode": "standard"}},
     # One filesystem object per Registry: the retries set below must not leak into
     # other users of a cached instance.
     "skip_instance_cache": True,
