@@ -84,8 +84,8 @@ def test_false_certification_rate_at_the_margin_is_at_most_alpha_at_every_look(a
     runs = len(diffs)
     assert diffs.mean() == pytest.approx(-MARGIN, abs=0.003)  # the simulation is at the margin
     # "Ever": a run that crossed once counts at every later look (the race would have stopped).
-    certified = np.maximum.accumulate(lower > -MARGIN, axis=1)
-    called_inferior = np.maximum.accumulate(upper < -MARGIN, axis=1)
+    certified = np.maximum.accumulate(lower >= -MARGIN, axis=1)
+    called_inferior = np.maximum.accumulate(upper <= -MARGIN, axis=1)
     rates = {t: float(certified[:, t - 1].mean()) for t in LOOKS}
     print("false certification share by look:", rates)  # measured: 0.007 at 50 up to 0.030 at 400
     for t in LOOKS:
@@ -95,7 +95,7 @@ def test_false_certification_rate_at_the_margin_is_at_most_alpha_at_every_look(a
     # The race reads the bound at its looks only: that is the same as "ever crossed" because
     # the bounds are intersected over time (a crossing between looks is still seen at the next).
     for t in LOOKS:
-        assert np.array_equal(certified[:, t - 1], lower[:, t - 1] > -MARGIN)
+        assert np.array_equal(certified[:, t - 1], lower[:, t - 1] >= -MARGIN)
 
 
 def test_the_simulation_catches_a_bound_that_is_not_anytime_valid(at_the_margin):
@@ -119,11 +119,11 @@ def test_false_certification_rate_with_continuous_scores():
     runs, n = 300, 400
     diffs = rng.beta(0.45, 0.55, (runs, n)) - rng.beta(0.5, 0.5, (runs, n))
     lower, upper = bounds(diffs, ALPHA)
-    certified = np.maximum.accumulate(lower > -MARGIN, axis=1)
+    certified = np.maximum.accumulate(lower >= -MARGIN, axis=1)
     rates = [float(certified[:, t - 1].mean()) for t in LOOKS]
     print("continuous: false certification share by look:", rates)
     assert max(rates) <= ALPHA + tolerance(ALPHA, runs)
-    assert np.maximum.accumulate(upper < -MARGIN, axis=1)[:, -1].mean() <= ALPHA + tolerance(ALPHA, runs)
+    assert np.maximum.accumulate(upper <= -MARGIN, axis=1)[:, -1].mean() <= ALPHA + tolerance(ALPHA, runs)
 
 
 def test_bounds_contain_the_running_truth():
@@ -213,9 +213,7 @@ def test_plan_edge_cases():
 @pytest.mark.parametrize("margin", [
     0.05,
     0.1,
-    pytest.param(0.03, marks=pytest.mark.xfail(strict=True, reason=(
-        "library bug: the lower bound of the grid point at -0.03 is 2*0.485-1 = -0.030000000000000027 in floating "
-        "point, so racing._decide's `lo > -margin` does not certify when the plan's wealth crossing already has"))),
+    0.03,
 ])
 def test_the_race_certifies_where_the_plan_says_it_can(margin):
     """No discordant pair (the candidate always scores as the baseline): every simulated run
@@ -372,9 +370,6 @@ def test_screen_without_the_baseline_has_no_finalists():
     assert all(c.notes == ["budget: LM calls (5) allowed 0 of 7 candidates screened"] for c in cands)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: racing.screen sorts the finalists with a comparator built on can_beat, whose ties are not "
-    "transitive (100 ~ 104 ~ 108 but 100 < 108), so the finalists' order depends on the order of the input"))
 def test_screen_orders_finalists_the_same_whatever_the_input_order():
     import itertools
 
@@ -424,8 +419,8 @@ def test_race_decides_clear_cases_at_the_first_look_and_stops():
     assert b.certified and not w.certified
     assert -0.05 < b.lower <= 0.5 <= b.upper and w.lower <= -0.5 <= w.upper < -0.05
     assert b.reason == f"certified non-inferior: bounds [{b.lower:+.3f}, {b.upper:+.3f}] after 50 records " \
-                       "(alpha 0.05), lower > -0.05"
-    assert w.reason.startswith("certified inferior: bounds [") and w.reason.endswith("upper < -0.05")
+                       "(alpha 0.05), a drop of 0.05 or more ruled out"
+    assert w.reason.startswith("certified inferior: bounds [") and w.reason.endswith("a drop of less than 0.05 ruled out")
     assert b.to_dict()["verdict"] == "non-inferior" and b.to_dict()["n"] == 50
     assert len(lines) == 1 and lines[0].startswith("race: 50 of 400 certify records; better non-inferior [")
     assert base.raced.n == 50 and better.mean == 1.0
@@ -475,9 +470,6 @@ def test_race_under_a_budget_races_the_cheapest_and_says_the_budget_ended_it():
     assert b.decision.reason.startswith(f"undecided: {reason}; bounds")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: racing.race decides 'exhausted' for the whole race (seen >= len(records)), so a finalist the "
-    "budget cut at the last look is reported as 'the dev pool is exhausted' after 50 of 100 records"))
 def test_a_finalist_cut_by_the_budget_at_the_last_look_says_so():
     budget = Budget(FakeMeter(), max_calls=250, max_minutes=60)
     a, b = cand("a", 10.0), cand("b", 20.0)
@@ -486,9 +478,6 @@ def test_a_finalist_cut_by_the_budget_at_the_last_look_says_so():
     assert "budget" in b.decision.reason and "exhausted" not in b.decision.reason
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: racing.race gives finalists it never raced because the certify pool is empty the reason "
-    "'not raced: a cheaper finalist was certified first'"))
 def test_finalists_with_no_certify_records_are_not_raced_for_that_reason():
     only = cand("only", 10.0)
     run_race([only], {"only": []}, pool=0)
@@ -553,16 +542,13 @@ def test_select_against_the_baseline_within_the_resolution():
     winner, reason = select(base, [certified("more_static", 97.0, static=400)], resolution=five)
     assert winner is base
     assert reason == ("1 candidate(s) certified non-inferior, none cheaper than the baseline beyond the "
-                      "resolution; keeping the baseline")
+                      "resolution nor with fewer static tokens; keeping the baseline")
     winner, reason = select(base, [certified("fewer_static", 97.0, static=250)], resolution=five)
     assert winner.id == "fewer_static"
     assert reason.endswith("cost 97.0 vs baseline 100.0 is within the resolution (5.0): a tie, broken by fewer "
                            "static tokens (250 vs 300)")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: racing.select compares each candidate with the running best only, so ties chain: "
-    "100 ~ 103 ~ 107 makes 107 win although 100 is cheaper beyond the resolution"))
 def test_select_does_not_chain_ties_past_the_resolution():
     base = cand("baseline", 200.0, static=300)
     rel = lambda a, b: 0.05 * max(a.cost, b.cost)  # noqa: E731 - 5% of the larger cost, as the optimizer

@@ -7,12 +7,14 @@ search this way; only their candidates, their evaluation and their cost differ.
    (``splits.screen``). A candidate is *plausible* when its mean difference from the
    baseline there is within the margin. The finalists are the plausible candidates that
    could beat the baseline, cheapest first, then the rest by difference; at most
-   ``finalists`` of them. Screening only chooses what to race: it never certifies.
+   ``finalists`` of them, in the order selection would prefer them. Screening only chooses
+   what to race: it never certifies.
 2. **Race** (:func:`race`): the baseline and the finalists on growing batches of the
    certify records (``looks``: 50, 100, 200, ... up to the pool). After each batch an
    anytime-valid confidence sequence on the paired difference
    (:mod:`promptdistill.search.sequential`) decides each finalist:
-   ``non-inferior`` (lower bound > -margin), ``inferior`` (upper bound < -margin), or it
+   ``non-inferior`` (a drop of ``margin`` or more ruled out), ``inferior`` (a drop of less
+   than ``margin`` ruled out), or it
    goes on; when the pool is exhausted it is ``undecided`` (never published as a win).
    A finalist that could no longer win (a cheaper one is certified) stops. The error rate:
    each finalist is tested at ``alpha / finalists`` (Bonferroni over the finalists, which
@@ -31,7 +33,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cmp_to_key
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -49,6 +50,7 @@ __all__ = [
     "RaceSettings",
     "can_beat",
     "looks",
+    "preference_order",
     "race",
     "screen",
     "select",
@@ -200,8 +202,7 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
         return []
     screened = [c for c in candidates if c.screen is not None and c.screen.n >= len(records)]
     tiers = {id(c): _screen_tier(c, baseline, settings.margin, resolution) for c in screened}
-    finalists = sorted((c for c in screened if tiers[id(c)] == 0),
-                       key=cmp_to_key(lambda a, b: _cheaper_first(a, b, baseline, resolution)))
+    finalists = preference_order([c for c in screened if tiers[id(c)] == 0], resolution)
     ranked = finalists + sorted((c for c in screened if tiers[id(c)] > 0),
                                 key=lambda c: (tiers[id(c)], -_screen_diff(c, baseline), c.id))
     for cand in ranked:
@@ -223,17 +224,6 @@ def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Re
     if not can_beat(cand, base, resolution):
         return 2
     return 0 if _screen_diff(cand, base) >= -margin - 1e-12 else 1
-
-
-def _cheaper_first(a: Candidate, b: Candidate, base: Candidate, resolution: Resolution) -> int:
-    """The order selection would prefer (cost beyond the resolution, then static tokens),
-    then the better screen difference."""
-    if can_beat(a, b, resolution):
-        return -1
-    if can_beat(b, a, resolution):
-        return 1
-    return -1 if _screen_diff(a, base) > _screen_diff(b, base) else 1 if _screen_diff(a, base) < _screen_diff(b, base) \
-        else (a.id > b.id) - (a.id < b.id)
 
 
 def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> str:
@@ -274,17 +264,22 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
         log(f"race: {size} of {len(records)} certify records; " + "; ".join(
             f"{c.id} {c.decision.verdict} [{_num(c.decision.lower)}, {_num(c.decision.upper)}]" for c in finalists
             if c.raced is not None))
-    exhausted = seen >= len(records)
     for cand in finalists:
         if cand.raced is None:
-            cand.decision = Decision(NOT_RACED, alpha=alpha_each,
-                                     reason=budget.reason or "not raced: a cheaper finalist was certified first")
+            if not records:
+                why = "not raced: no certify records (the dev split has only screen records)"
+            elif not _still_useful(cand, baseline, finalists, resolution):
+                why = "not raced: a cheaper finalist was certified first"
+            else:
+                why = f"not raced: {budget.reason or 'budget'}"
+            cand.decision = Decision(NOT_RACED, alpha=alpha_each, reason=why)
         elif cand.decision.verdict == UNDECIDED:
             if not _still_useful(cand, baseline, finalists, resolution):
                 cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=True, stopped=True)
             else:
+                exhausted = cand.raced.n >= len(records)
                 cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=True,
-                                        budget_cut=None if exhausted else budget.reason)
+                                        budget_cut=None if exhausted else budget.reason or "budget")
 
 
 def _still_useful(cand: Candidate, baseline: Candidate, finalists: Sequence[Candidate], resolution: Resolution) -> bool:
@@ -302,11 +297,14 @@ def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, *
     lower, upper = confidence_sequence(diffs, alpha=alpha)
     lo, hi, mean = float(lower[-1]), float(upper[-1]), float(np.mean(diffs))
     bounds = f"[{lo:+.3f}, {hi:+.3f}] after {n} records (alpha {alpha:.3g})"
-    if lo > -margin:
+    # The bounds are the largest mean ruled out from below and the smallest from above:
+    # certified once -margin itself is ruled out.
+    if lo >= -margin:
         return Decision(NON_INFERIOR, n, mean, lo, hi, alpha, f"certified non-inferior: bounds {bounds}, "
-                        f"lower > -{margin:g}")
-    if hi < -margin:
-        return Decision(INFERIOR, n, mean, lo, hi, alpha, f"certified inferior: bounds {bounds}, upper < -{margin:g}")
+                        f"a drop of {margin:g} or more ruled out")
+    if hi <= -margin:
+        return Decision(INFERIOR, n, mean, lo, hi, alpha, f"certified inferior: bounds {bounds}, "
+                        f"a drop of less than {margin:g} ruled out")
     if not final:
         return Decision(UNDECIDED, n, mean, lo, hi, alpha, f"undecided so far: bounds {bounds}")
     if stopped:
@@ -318,21 +316,36 @@ def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, *
     return Decision(STOPPED if stopped else UNDECIDED, n, mean, lo, hi, alpha, f"{why}; bounds {bounds}")
 
 
+def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Candidate | None = None) -> Candidate:
+    """The one selection would take from ``pool``: the cheapest, or within the resolution of
+    it the one with the fewest static tokens, then the higher quality (then the baseline,
+    then the id: the result does not depend on the order of ``pool``)."""
+    cheapest = min(pool, key=lambda c: (c.cost, c.static_tokens, c.id))
+    ties = [c for c in pool if c.cost - cheapest.cost <= resolution(c, cheapest)]
+    return min(ties, key=lambda c: (c.static_tokens, -(c.mean if c.mean is not None else -1.0), c is not baseline,
+                                    c.id))
+
+
+def preference_order(cands: Sequence[Candidate], resolution: Resolution) -> list[Candidate]:
+    """``cands`` in the order selection prefers them (the preferred one, then the preferred
+    of the rest, and so on)."""
+    rest, out = list(cands), []
+    while rest:
+        best = _preferred(rest, resolution)
+        out.append(best)
+        rest.remove(best)
+    return out
+
+
 def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: Resolution) -> tuple[Candidate, str]:
     """The winner among the certified candidates and the baseline, and why, in numbers."""
     certified = [c for c in candidates if c.decision.certified]
     if not certified:
         return baseline, "no candidate certified non-inferior; keeping the baseline"
-    best = baseline
-    for cand in sorted(certified, key=lambda c: (c.cost, c.static_tokens, -(c.mean or 0.0), c.id)):
-        if can_beat(cand, best, resolution) or (
-            abs(best.cost - cand.cost) <= resolution(cand, best) and cand.static_tokens == best.static_tokens
-            and best is not baseline and (cand.mean or 0.0) > (best.mean or 0.0)
-        ):
-            best = cand
+    best = _preferred([baseline, *certified], resolution, baseline)
     if best is baseline:
         return baseline, (f"{len(certified)} candidate(s) certified non-inferior, none cheaper than the baseline "
-                          f"beyond the resolution; keeping the baseline")
+                          f"beyond the resolution nor with fewer static tokens; keeping the baseline")
     gap = baseline.cost - best.cost
     tie = abs(gap) <= resolution(best, baseline)
     why = (f"cost {best.cost:.1f} vs baseline {baseline.cost:.1f} is within the resolution "

@@ -74,6 +74,10 @@ def _lower_x(x: np.ndarray, alpha: float) -> np.ndarray:
 def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper bounds on the mean paired difference after each record.
 
+    The lower bound is the largest mean ruled out from below (every mean at or under it
+    is ruled out), the upper bound the smallest ruled out from above: a candidate is
+    certified non-inferior at a margin when ``lower >= -margin``.
+
     Args:
         diffs: paired differences in [-1, 1], in the order the records were evaluated.
         alpha: the miscoverage of *each* side, over all t at once.
@@ -94,7 +98,8 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.nda
     x = (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
     lower_x = _lower_x(x, alpha)
     upper_x = 1.0 - _lower_x(1.0 - x, alpha)
-    return 2.0 * lower_x - 1.0, 2.0 * upper_x - 1.0
+    # Rounded to the grid's own precision: -0.03 must read -0.03, not -0.030000000000000027.
+    return np.round(2.0 * lower_x - 1.0, 9), np.round(2.0 * upper_x - 1.0, 9)
 
 
 @dataclass(frozen=True)
