@@ -34,9 +34,12 @@ def to_json_value(value: Any, where: str = "value") -> Any:
     """A plain-JSON copy of ``value`` (see :func:`promptdistill.core.jsonio.to_json_value`).
 
     Raises:
-        RegistryError: naming the field (``where.key[0]``) that is not JSON.
+        RegistryError: naming the field (``where.key[0]``) that is not JSON, or the value
+            that nests deeper than the interpreter's recursion limit.
     """
     try:
         return core_to_json_value(value, where)
     except NotJSONError as e:
         raise RegistryError(str(e)) from None
+    except RecursionError:
+        raise RegistryError(f"{where}: nested too deeply") from None
