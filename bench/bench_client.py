@@ -7,7 +7,10 @@ Prints one JSON object: percentiles in microseconds for
 * ``get_warm`` and ``render`` alone;
 * ``request_body`` and ``parse`` (a full request/reply round of client work);
 * ``get_label_refresh``: a label re-check against the store (``ttl_s=0``), i.e. what one
-  request pays every ``ttl_s`` seconds;
+  request pays every ``ttl_s`` seconds (the read runs in its own thread, so the client
+  can stop waiting for a store that hangs);
+* ``get_stale_store_hanging``: ``get`` while the store hangs (``ttl_s=0``), after the one
+  caller who waited ``timeout_s``: the last good copy, served without waiting again;
 * ``get_cold``: a fresh client loading and verifying a version.
 
 Usage:
@@ -24,6 +27,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 
 from bench.common import write_report
@@ -101,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         reply = json.dumps({"category": "account", "urgent": True, "summary": "locked out"})
         refresh = Templates(root, ttl_s=0)
         refresh.get(ref)
+        hanging = Templates(root, ttl_s=0, timeout_s=0.05)
+        hanging.get(ref)
+        store_back = threading.Event()
+        hanging.registry.resolve = lambda *a: store_back.wait(600)  # an endpoint that never answers
+        t0 = time.perf_counter_ns()
+        hanging.get(ref)  # the one caller that waits timeout_s
+        first_wait_us = round((time.perf_counter_ns() - t0) / 1000, 1)
 
         gc.collect()
         results = {
@@ -110,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             "request_body": percentiles(timed(lambda: template.request_body(inputs, model="m"), args.iterations // 10 or 1)),
             "parse": percentiles(timed(lambda: template.parse(reply), args.iterations // 10 or 1)),
             "get_label_refresh": percentiles(timed(lambda: refresh.get(ref), min(2000, args.iterations))),
+            "get_stale_store_hanging": percentiles(timed(lambda: hanging.get(ref), min(20000, args.iterations))),
             "get_cold": percentiles(cold),
         }
+        store_back.set()
         report = {
             "goal": "get_render_warm p99 < 1000 us",
             "met": results["get_render_warm"]["p99_us"] < 1000,
@@ -119,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             "template": {"ref": template.ref, "system_chars": len(template.content["system"]),
                          "inputs": list(template.inputs)},
             "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "store_hanging_first_wait_us": first_wait_us,
             "results": results,
         }
     lines = ["# Registry client: get + render", "", "| operation | p50 us | p99 us | n |", "|---|---|---|---|"]
