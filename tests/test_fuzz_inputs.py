@@ -348,3 +348,22 @@ def test_fuzzed_metric_patterns_are_bounded(pattern, reply):
         score = score_reply(MetricSpec(kind="exact", pattern=pattern), reply, reply)
         assert score in (0.0, 1.0)
     assert time.monotonic() - t0 < 2.0
+
+
+def test_judge_files_share_the_yaml_limits(workdir):
+    from promptdistill.judges.definitions import MAX_JUDGE_BYTES, load_judge
+
+    folder = _fresh(workdir, "judges")
+    cases = {
+        "latin": (b"name: latin\ndescription: caf\xe9\n", "line 2: not UTF-8 text"),
+        "bomb": (("\n".join(["name: bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]"] + [
+            f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]" for i in range(8)]) + "\n").encode(),
+            "more than 100000 values once aliases are expanded"),
+        "huge": (b"name: huge\ndescription: " + b"x" * (MAX_JUDGE_BYTES + 10) + b"\n", "larger than 256 KiB"),
+        "deep": (b"name: deep\nx: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested deeper than 64 levels"),
+    }
+    for name, (data, message) in cases.items():
+        (folder / f"{name}.yaml").write_bytes(data)
+        with pytest.raises(SpecError) as info:
+            load_judge(name, folder)
+        assert str(info.value).startswith(str(folder / f"{name}.yaml")) and message in str(info.value), info.value

@@ -305,6 +305,18 @@ def test_concurrent_publishers_never_move_a_label_back(reg, caplog):
     assert reg.set_label("summarize", "production", 2).to_version == 2  # an explicit promote may go back
 
 
+def test_set_labels_moves_several_labels_in_one_event_forward_only(reg):
+    for system in ("a", "b", "c"):
+        reg.publish("summarize", make_content(system))
+    reg.set_label("summarize", "production", 3)
+    event = reg.set_labels("summarize", ["staging", "production"], 2)  # finishing an interrupted publish of 2
+    assert event is not None and event.labels == {"production": 3, "staging": 2}
+    assert reg.set_labels("summarize", ["production"], 2) is None  # nothing to move: no event
+    event = reg.set_labels("summarize", ["production", "candidate"], 1, forward_only=False)
+    assert event.labels == {"production": 1, "staging": 2, "candidate": 1}
+    assert len(reg.history("summarize")) == 3
+
+
 def test_set_label_expected_is_a_compare_and_set(reg):
     reg.publish("summarize", make_content("a"), labels=["production"])
     reg.publish("summarize", make_content("b"))

@@ -22,6 +22,8 @@ The label ordering rule:
 * ``set_label`` and ``rollback`` are an operator's explicit choice and may move a label
   anywhere. ``set_label(..., expected=N)`` is a compare-and-set: the move happens only
   if the label still points at N when it is recorded (``expected=None``: only if unset).
+* ``set_labels`` moves several labels in one event, forward only by default: what
+  finishing an interrupted publish should use.
 
 Example::
 
@@ -223,8 +225,30 @@ class Registry:
             self._move_forward(coll, labels, version, actor=actor, reason=reason or "published")
         return records[version]
 
+    def set_labels(self, name: str, labels: Iterable[str], version: int, *, actor: str | None = None,
+                   reason: str = "", forward_only: bool = True) -> LabelEvent | None:
+        """Point several labels at an existing, intact ``version`` in one event (all or none).
+
+        Args:
+            forward_only: leave a label that points at a newer version where it is (the
+                rule a publish follows; what finishing an interrupted publish should use).
+
+        Returns:
+            The event, or None when every label was left where it was.
+        """
+        self.get_version(name, check_version(version))
+        labels = list(dict.fromkeys(check_label(x) for x in labels))
+        if not labels:
+            return None
+        coll = self._templates(name)
+        actor = actor or default_actor()
+        if forward_only:
+            return self._move_forward(coll, labels, version, actor=actor, reason=reason)
+        return coll.move_labels(lambda _e, _l: {x: version for x in labels}, action="set", actor=actor, reason=reason)
+
     @staticmethod
-    def _move_forward(coll: Collection, labels: list[str], version: int, *, actor: str, reason: str) -> None:
+    def _move_forward(coll: Collection, labels: list[str], version: int, *, actor: str,
+                      reason: str) -> LabelEvent | None:
         """Point ``labels`` at ``version`` in one event, except those already at a newer one."""
 
         def target(_events: Any, current: dict[str, int]) -> dict[str, int]:
@@ -234,7 +258,7 @@ class Registry:
                                "label back)", coll.backend.url(coll.prefix), coll.what, newer)
             return {x: version for x in labels if x not in newer}
 
-        coll.move_labels(target, action="set", actor=actor, reason=reason)
+        return coll.move_labels(target, action="set", actor=actor, reason=reason)
 
     def set_label(self, name: str, label: str, version: int, *, actor: str | None = None, reason: str = "",
                   expected: Any = ANY_VERSION) -> LabelEvent:
