@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Mapping
 import jsonschema
 
 from promptdistill.core.config import load_settings
-from promptdistill.core.errors import IntegrityError, InvalidReplyError, PromptDistillError, RegistryError
+from promptdistill.core.errors import InvalidReplyError, PromptDistillError, RegistryError, TemplateNotFoundError
 from promptdistill.registry.backend import StoreUnavailableError
 from promptdistill.registry.records import VersionRecord, parse_ref
 from promptdistill.registry.store import Registry
@@ -392,7 +392,10 @@ class Templates:
                         del self._flights[key]
                 flight.done.set()
 
-        threading.Thread(target=run, name=f"promptdistill-client-{key[1]}", daemon=True).start()
+        try:
+            threading.Thread(target=run, name=f"promptdistill-client-{key[1]}", daemon=True).start()
+        except RuntimeError:  # no thread to be had: read in the caller's thread, unbounded
+            run()
         return flight
 
     def _wait(self, flight: _Flight, budget_s: float) -> bool:
@@ -419,7 +422,7 @@ class Templates:
             if flight.error is None:
                 assert flight.result is not None
                 return flight.result
-            if good is not None and isinstance(flight.error, _FALLBACK):
+            if good is not None and _falls_back(flight.error):
                 return good  # the reader logged it and set the back-off
             raise _fresh(flight.error)
         if good is None:
@@ -444,10 +447,10 @@ class Templates:
         try:
             version = self.registry.resolve(name, label)
             template = self._templates.get((name, version)) or self._load(name, version)
-        except _FALLBACK as e:
+        except Exception as e:
             entry = self._labels.get(key)
             good = self._templates.get((name, entry[0])) if entry is not None else None
-            if good is None:
+            if good is None or not _falls_back(e):
                 raise
             # Stamped after the failed call: a store slower than ttl_s is still left alone for ttl_s.
             self._labels[key] = (good.version, time.monotonic() + self.ttl_s)
@@ -463,9 +466,11 @@ class Templates:
         return template
 
 
-# What a warm label survives by serving its last good copy: the store unreachable, or a
-# corrupt history or version. Unknown names, labels and versions stay errors.
-_FALLBACK = (StoreUnavailableError, IntegrityError)
+def _falls_back(error: BaseException) -> bool:
+    """Whether a warm label serves its last good copy after ``error``: the store unreachable,
+    a corrupt history or version, or anything unexpected (logged as an error). An unknown
+    name, label or version from a store that holds a registry stays an error."""
+    return isinstance(error, Exception) and not isinstance(error, TemplateNotFoundError)
 
 
 def _fresh(error: BaseException) -> BaseException:

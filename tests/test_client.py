@@ -336,6 +336,21 @@ def test_a_corrupt_history_keeps_the_last_good_copy(reg, caplog):
     assert Templates(reg.root).get("summarize@production").version == 1
 
 
+def test_an_unexpected_failure_keeps_the_last_good_copy(reg, monkeypatch, caplog):
+    templates = Templates(reg.root, ttl_s=0)
+    good = templates.get("summarize@production")
+
+    def broken(name, label):
+        raise ValueError("a bug in a storage plugin")
+
+    monkeypatch.setattr(templates.registry, "resolve", broken)
+    with caplog.at_level(logging.ERROR, logger="promptdistill.client"):
+        assert templates.get("summarize@production") is good
+    assert "serving last good copy summarize:1 (retrying in 0 s): ValueError: a bug in a storage plugin" in caplog.text
+    with pytest.raises(ValueError, match="a bug"):
+        templates.get("summarize@staging")  # never loaded: nothing to fall back on
+
+
 def test_template_sampling_can_never_take_over_the_request(reg, tmp_path):
     from promptdistill.registry.hashing import content_hash
     from promptdistill.registry.records import VersionRecord
