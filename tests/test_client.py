@@ -128,7 +128,7 @@ def test_tampered_version_is_refused_not_replaced(reg):
 
 def test_label_moves_are_seen_after_the_ttl(reg):
     cached = Templates(reg.root, ttl_s=3600)
-    fresh = Templates(reg.root, ttl_s=0)
+    fresh = Templates(reg.root, ttl_s=0, timeout_s=5)
     assert cached.get("summarize@production").version == fresh.get("summarize@production").version == 1
     reg.set_label("summarize", "production", 2)
     assert cached.get("summarize@production").version == 1  # within the TTL
@@ -138,7 +138,7 @@ def test_label_moves_are_seen_after_the_ttl(reg):
 
 
 def test_unreachable_store_serves_the_last_good_copy_and_logs(reg, tmp_path, caplog):
-    templates = Templates(reg.root, ttl_s=0)
+    templates = Templates(reg.root, ttl_s=0, timeout_s=5)
     good = templates.get("summarize@production")
     moved = tmp_path / "unmounted"
     Path(reg.root).rename(moved)  # the store disappears (unmounted share, outage)
@@ -157,10 +157,10 @@ def test_unreachable_store_serves_the_last_good_copy_and_logs(reg, tmp_path, cap
 
 
 def test_label_pointing_at_a_missing_version_is_an_error(reg):
-    templates = Templates(reg.root, ttl_s=0)
+    templates = Templates(reg.root, ttl_s=0, timeout_s=5)
     assert templates.get("summarize@staging").version == 2
     (Path(reg.root) / "templates/summarize/versions/2.json").unlink()
-    reg2 = Templates(reg.root, ttl_s=0)
+    reg2 = Templates(reg.root, ttl_s=0, timeout_s=5)
     with pytest.raises(TemplateNotFoundError, match="no version 2"):
         reg2.get("summarize@staging")
 
@@ -296,7 +296,7 @@ def test_one_slow_template_never_delays_another(reg, monkeypatch):
 
 def test_an_unmounted_root_serves_the_last_good_copy(reg, tmp_path, caplog):
     """An empty mount point is "unavailable", not "not found"."""
-    templates = Templates(reg.root, ttl_s=0)
+    templates = Templates(reg.root, ttl_s=0, timeout_s=5)
     good = templates.get("summarize@production")
     root = Path(reg.root)
     aside = tmp_path / "aside"
@@ -317,7 +317,7 @@ def test_an_unmounted_root_serves_the_last_good_copy(reg, tmp_path, caplog):
 
 
 def test_a_corrupt_history_keeps_the_last_good_copy(reg, caplog):
-    templates = Templates(reg.root, ttl_s=0)
+    templates = Templates(reg.root, ttl_s=0, timeout_s=5)
     good = templates.get("summarize@production")
     bad = Path(reg.root) / "templates/summarize/labels/history/00000003.json"
     bad.write_text("garbage after the checkpoint")
@@ -337,7 +337,7 @@ def test_a_corrupt_history_keeps_the_last_good_copy(reg, caplog):
 
 
 def test_an_unexpected_failure_keeps_the_last_good_copy(reg, monkeypatch, caplog):
-    templates = Templates(reg.root, ttl_s=0)
+    templates = Templates(reg.root, ttl_s=0, timeout_s=5)
     good = templates.get("summarize@production")
 
     def broken(name, label):

@@ -255,7 +255,7 @@ def test_fuzzed_label_events(workdir, changes, drop, raw):
     reg = Registry(root)
     reg.publish("summarize", make_content(), labels=["production"])
     reg.publish("summarize", make_content("v2"))
-    warm = Templates(str(root), ttl_s=0)
+    warm = Templates(str(root), ttl_s=0, timeout_s=5)
     good = warm.get("summarize@production")
     event = reg.set_label("summarize", "production", 2)
     path = root / "templates/summarize/labels/history" / f"{event.seq:08d}.json"

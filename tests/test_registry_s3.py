@@ -153,6 +153,28 @@ def test_store_outage_serves_the_last_good_copy(caplog):
         server.stop()
     with caplog.at_level(logging.WARNING, logger="promptdistill.client"):
         assert templates.get("summarize@production") is good
-    assert "unreachable; serving last good copy summarize:1" in caplog.text
+    # "unreachable", or "did not answer within 0.5 s" when refusing takes longer than timeout_s
+    assert "serving last good copy summarize:1" in caplog.text
     with pytest.raises(StoreUnavailableError, match="cannot"):
+        Templates(root, storage_options=options).get("summarize@production")
+
+
+def test_bounded_default_options_under_the_callers(s3_endpoint):
+    base = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3_endpoint}}
+    fs = Registry("s3://any/registry", storage_options=base).backend.fs
+    assert fs.retries == 1  # s3fs's own retries, on top of botocore's (5 by default)
+    assert fs.config_kwargs == {"connect_timeout": 2, "read_timeout": 5,
+                                "retries": {"total_max_attempts": 2, "mode": "standard"}}
+    mine = {**base, "retries": 3, "config_kwargs": {"read_timeout": 30}}
+    fs = Registry("s3://any/registry", storage_options=mine).backend.fs
+    assert fs.retries == 3 and fs.config_kwargs["read_timeout"] == 30 and fs.config_kwargs["connect_timeout"] == 2
+
+
+def test_an_empty_prefix_or_a_missing_bucket_is_unavailable(s3_root):
+    root, options = s3_root
+    for where in (root, "s3://no-such-bucket-here/registry"):
+        with pytest.raises(StoreUnavailableError, match="no registry here"):
+            Templates(where, storage_options=options).get("summarize@production")
+    Registry(root, storage_options=options).publish("other", make_content(name="other"))
+    with pytest.raises(TemplateNotFoundError, match="unknown template 'summarize'"):
         Templates(root, storage_options=options).get("summarize@production")
