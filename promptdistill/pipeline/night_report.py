@@ -1,0 +1,457 @@
+"""The night report: one self-contained HTML page per nightly run, built from stored files only.
+
+What it reads (never an engine, never Prefect):
+
+* the run logs in the registry: ``summary`` (one row per spec) and ``report`` (per
+  spec: the baseline's and the published prompt's text, the optimizer's stage folder,
+  and the TTFT model's status), written by the nightly's ``report-night`` task;
+* each spec's optimizer folder (``result.json``, ``pareto.png``);
+* the TTFT model's fit figure, stored with the model in the registry.
+
+What it shows: the summary table on top; per spec, the published prompt beside the
+baseline as a clause-level diff (:func:`prompt_diff`), the decision and its numbers,
+the Pareto plot and the TTFT model's fit plot. CSS is inline and images are data URIs,
+so the page opens offline. It is stored beside the run logs (``runs/<run_id>/report.html``);
+``promptdistill report RUN_ID`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import html
+import json
+import math
+import re
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from promptdistill.core.errors import PromptDistillError, RegistryError
+from promptdistill.pipeline.ttft_models import ttft_figure
+from promptdistill.registry.store import Registry
+from promptdistill.specs.datasets import dataset_for
+from promptdistill.specs.load import load_spec
+from promptdistill.specs.prompt import build_system
+
+__all__ = ["REPORT_PART", "DiffOp", "Night", "diff_counts", "diff_text", "latest_run_id", "load_night", "prompt_diff",
+           "prompt_rows", "render_night_report", "split_clauses", "write_night_report"]
+
+REPORT_PART = "report"
+"""Run log part holding what the report needs beyond the summary rows (prompt texts, folders)."""
+REPORT_FILE = "report.html"
+TTFT_FIT_FIGURE = "pred_vs_measured"
+
+
+# ------------------------------------------------------------------------- the diff
+@dataclass(frozen=True)
+class DiffOp:
+    """One stretch of a prompt diff: ``same``, ``removed``, ``added`` or ``rewritten`` (old -> new)."""
+
+    kind: str
+    before: str
+    after: str
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+
+
+def split_clauses(text: str) -> list[str]:
+    """Cut a prompt into clauses: sentences within lines, each with its trailing whitespace.
+
+    Lossless: ``"".join(split_clauses(t)) == t``, so a diff shows the text as written.
+    """
+    units: list[str] = []
+    for line in text.splitlines(keepends=True):
+        start = 0
+        for m in _SENTENCE_END.finditer(line):
+            units.append(line[start:m.end()])
+            start = m.end()
+        if start < len(line):
+            units.append(line[start:])
+    return units
+
+
+def _similar(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a.lower().split(), b.lower().split(), autojunk=False).ratio()
+
+
+def _refine(old: list[str], new: list[str]) -> list[DiffOp]:
+    """A replaced run of clauses: pair each new clause, in order, with the most similar old
+    one after the last pair (``rewritten``); the rest were ``removed`` or ``added``. With no
+    pair at all, the run was rewritten as a whole."""
+    ops: list[DiffOp] = []
+    start = 0
+    for unit in new:
+        scores = [(_similar(o, unit), i) for i, o in enumerate(old[start:], start) if o.strip()]
+        score, best = max(scores, default=(0.0, -1))
+        if not unit.strip() or score < 0.5:
+            ops.append(DiffOp("added", "", unit))
+            continue
+        if best > start:
+            ops.append(DiffOp("removed", "".join(old[start:best]), ""))
+        ops.append(DiffOp("rewritten", old[best], unit))
+        start = best + 1
+    if start < len(old):
+        ops.append(DiffOp("removed", "".join(old[start:]), ""))
+    if not any(o.kind == "rewritten" for o in ops):
+        return [DiffOp("rewritten", "".join(old), "".join(new))]
+    return ops
+
+
+def _merge(ops: Iterable[DiffOp]) -> list[DiffOp]:
+    out: list[DiffOp] = []
+    for o in ops:
+        if out and out[-1].kind == o.kind and o.kind != "rewritten":
+            out[-1] = DiffOp(o.kind, out[-1].before + o.before, out[-1].after + o.after)
+        else:
+            out.append(o)
+    return out
+
+
+def prompt_diff(before: str, after: str) -> list[DiffOp]:
+    """The clause-level diff of two prompts (``difflib`` on clauses, whitespace ignored).
+
+    A clause only in ``before`` is ``removed``, only in ``after`` ``added``; a clause
+    replaced by a similar one (half its words or more in common) is ``rewritten``, and so
+    is a run of clauses replaced by unrelated ones. The one diff both the night report and
+    ``promptdistill templates diff`` use.
+
+    Example:
+        >>> [op.kind for op in prompt_diff("Be kind. Be brief. Answer.", "Be brief. Answer now.")]
+        ['removed', 'same', 'rewritten']
+    """
+    a, b = split_clauses(before), split_clauses(after)
+    matcher = difflib.SequenceMatcher(None, [u.strip() for u in a], [u.strip() for u in b], autojunk=False)
+    ops: list[DiffOp] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "replace":
+            ops += _refine(a[i1:i2], b[j1:j2])
+        else:
+            ops.append(DiffOp({"equal": "same", "delete": "removed", "insert": "added"}[tag],
+                              "".join(a[i1:i2]), "".join(b[j1:j2])))
+    return _merge(ops)
+
+
+def diff_text(ops: Sequence[DiffOp]) -> str:
+    """The diff for a terminal: ``[-removed-]``, ``{+added+}``, ``[~old~>new~]``."""
+    marks = {"removed": lambda o: f"[-{o.before}-]", "added": lambda o: f"{{+{o.after}+}}",
+             "rewritten": lambda o: f"[~{o.before}~>{o.after}~]", "same": lambda o: o.after}
+    return "".join(marks[o.kind](o) for o in ops)
+
+
+def diff_counts(ops: Sequence[DiffOp]) -> dict[str, int]:
+    """Clauses per kind (blank ones not counted): what the diff's heading says."""
+    out = {"removed": 0, "added": 0, "rewritten": 0}
+    for o in ops:
+        if o.kind in out:
+            out[o.kind] += sum(1 for u in split_clauses(o.before if o.kind == "removed" else o.after) if u.strip())
+    return out
+
+
+# ------------------------------------------------------------ what the run stores
+def _unescape(system: str) -> str:
+    """System text as shown: ``build_system`` doubles braces for ``render_messages``."""
+    return system.replace("{{", "{").replace("}}", "}")
+
+
+def _baseline_prompt(result: Mapping[str, Any], folder: Path) -> tuple[str | None, str | None, str]:
+    """The baseline's system and user text, re-rendered from the spec file the run used.
+
+    Returns (system, user, note); None texts when the spec or dataset changed since.
+    """
+    spec_info = result.get("provenance", {}).get("spec", {})
+    source = spec_info.get("source")
+    if not source or not Path(source).is_file():
+        return None, None, f"baseline not shown: spec file {source!r} not found"
+    spec = load_spec(Path(source))
+    if spec.spec_hash() != spec_info.get("spec_hash"):
+        return None, None, f"baseline not shown: {source} changed since the run"
+    base = pd.read_parquet(folder / "candidates.parquet")
+    base = base[base["is_baseline"].astype(bool)]
+    ids = json.loads(base["example_ids"].iloc[0]) if len(base) else []
+    by_id = {str(r["id"]): r for r in dataset_for(spec).to_dict("records")} if ids else {}
+    if any(i not in by_id for i in ids):
+        return None, None, f"baseline not shown: {spec.dataset} no longer holds its examples"
+    examples = [{"id": by_id[i]["id"], "inputs": by_id[i]["inputs"], "expected": by_id[i]["expected"]} for i in ids]
+    return _unescape(build_system(spec, examples)), spec.user, f"baseline rendered from {source}"
+
+
+def prompt_rows(rows: Sequence[Mapping[str, Any]], *, state_dir: str | Path, ttft: Mapping[str, Any]) -> pd.DataFrame:
+    """The ``report`` run log: per spec, the folder and both prompts' text, read at run time.
+
+    Stored with the run so the report can be rebuilt later even when a spec file changes.
+    """
+    out = []
+    for r in rows:
+        item: dict[str, Any] = {"template": r["template"], "folder": None, "baseline_system": None,
+                                "baseline_user": None, "published_system": None, "published_user": None,
+                                "prompt_note": "", "ttft_json": json.dumps(dict(ttft), default=str)}
+        folder = Path(state_dir) / "optimize" / str(r.get("run_key") or "")
+        if r.get("run_key") and (folder / "result.json").is_file():
+            result = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+            content = result.get("content", {})
+            item.update(folder=str(folder.resolve()), published_system=_unescape(content.get("system", "")),
+                        published_user=content.get("user"))
+            try:
+                item["baseline_system"], item["baseline_user"], item["prompt_note"] = _baseline_prompt(result, folder)
+            except (PromptDistillError, OSError, ValueError, KeyError) as e:
+                item["prompt_note"] = f"baseline not shown: {type(e).__name__}: {e}"
+        out.append(item)
+    return pd.DataFrame(out, columns=["template", "folder", "baseline_system", "baseline_user", "published_system",
+                                      "published_user", "prompt_note", "ttft_json"])
+
+
+@dataclass
+class Night:
+    """Everything one report shows, read from the stored files."""
+
+    run_id: str
+    rows: list[dict[str, Any]]
+    prompts: dict[str, dict[str, Any]]
+    results: dict[str, dict[str, Any]]
+    images: dict[str, dict[str, bytes]]
+    """Per spec: {"pareto": PNG, "ttft": PNG} (missing ones left out)."""
+    ttft: dict[str, Any]
+    notes: list[str]
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in frame.astype(object).to_dict("records")]
+
+
+def load_night(registry: Registry, run_id: str, *, state_dir: str | Path) -> Night:
+    """Read one run's report inputs: its run logs, its stage folders, the TTFT model's figure.
+
+    Raises:
+        RegistryError: the run has no ``summary`` run log.
+    """
+    rows = _records(registry.read_run_log(run_id, part="summary"))
+    notes: list[str] = []
+    try:
+        prompts = {p["template"]: p for p in _records(registry.read_run_log(run_id, part=REPORT_PART))}
+    except RegistryError:
+        prompts = {}
+        notes.append(f"no '{REPORT_PART}' run log: prompts are not shown (a run before the night report existed)")
+    ttft = next((json.loads(p["ttft_json"]) for p in prompts.values() if p.get("ttft_json")), {})
+    results: dict[str, dict[str, Any]] = {}
+    images: dict[str, dict[str, bytes]] = {}
+    fits: dict[tuple[str, str], bytes | None] = {}  # one figure per TTFT model, however many specs used it
+    for r in rows:
+        name = r["template"]
+        folder = Path(prompts.get(name, {}).get("folder") or Path(state_dir) / "optimize" / str(r.get("run_key") or ""))
+        if r["status"] == "failed" or not (folder / "result.json").is_file():
+            if r["status"] != "failed":
+                notes.append(f"{name}: stage folder {folder} is gone; its numbers come from the summary only")
+            continue
+        results[name] = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+        images[name] = {}
+        if (folder / "pareto.png").is_file():
+            images[name]["pareto"] = (folder / "pareto.png").read_bytes()
+        model = results[name].get("provenance", {}).get("ttft_model", {})
+        ident = (model.get("engine_key"), model.get("version"))
+        if all(ident) and ident not in fits:
+            with tempfile.TemporaryDirectory() as tmp:  # ttft_figure writes a file; we only want its bytes
+                path = ttft_figure(registry, ident[0], ident[1], TTFT_FIT_FIGURE, tmp)
+                fits[ident] = path.read_bytes() if path is not None else None
+        if fits.get(ident):
+            images[name]["ttft"] = fits[ident]
+    return Night(run_id, rows, prompts, results, images, ttft, notes)
+
+
+# ------------------------------------------------------------------------ the page
+_CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1180px;padding:24px;color:#1d2330}
+h1{font-size:26px;margin:0 0 4px}h2{margin:36px 0 6px;padding-top:12px;border-top:2px solid #dde3ec}
+h3{font-size:16px;margin:22px 0 8px;color:#39475d}.muted{color:#6b778c}.small{font-size:13px}
+table{border-collapse:collapse;margin:8px 0}th,td{padding:4px 10px;border-bottom:1px solid #e4e8ef;text-align:left}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f6fa}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:13px;background:#e4e8ef;vertical-align:middle}
+.optimized{background:#d7f2de}.failed{background:#fbd9d9}.baseline-kept{background:#fdf1cc}
+.diff{display:grid;grid-template-columns:1fr 1fr;gap:14px}
+.diff pre{white-space:pre-wrap;word-wrap:break-word;font:13px/1.5 ui-monospace,Menlo,Consolas,monospace;
+background:#f8f9fb;border:1px solid #e4e8ef;border-radius:6px;padding:10px;margin:4px 0}
+del.removed{background:#fbd9d9;color:#8a1c1c}del.rewritten{background:#fdf1cc;color:#7a5a00}
+ins.added{background:#d7f2de;text-decoration:none}ins.rewritten{background:#fdf1cc;text-decoration:none;
+border-bottom:2px solid #d9a400}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;margin:8px 0}dt{font-weight:600;color:#39475d}dd{margin:0}
+figure{margin:10px 0}figure img{max-width:100%;border:1px solid #e4e8ef;border-radius:6px}
+figcaption{font-size:13px;color:#6b778c}pre.error{background:#fbd9d9;padding:10px;white-space:pre-wrap}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _n(value: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def _ci(mean: Any, low: Any, high: Any) -> str:
+    return "-" if mean is None else _n(mean, "{:.3f}") + ("" if low is None else f" [{_n(low, '{:.3f}')}, {_n(high, '{:.3f}')}]")
+
+
+def _img(data: bytes | None, alt: str, kind: str) -> str:
+    if not data:
+        return f'<p class="muted">{_e(alt)}: not available</p>'
+    uri = "data:image/png;base64," + base64.b64encode(data).decode()
+    return f'<figure class="plot" data-plot="{kind}"><img src="{uri}" alt="{_e(alt)}"><figcaption>{_e(alt)}</figcaption></figure>'
+
+
+def _slug(name: str) -> str:
+    return "spec-" + re.sub(r"[^a-z0-9_-]+", "-", name.lower())
+
+
+def _version(r: Mapping[str, Any]) -> str:
+    return "-" if r.get("version") is None else f"{r['template']}:{int(r['version'])}" + (f" ({r['labels']})" if r.get("labels") else "")
+
+
+def _summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = ("template", "status", "prompt tokens", "TTFT ms", "quality", "gate", "published")
+    out = ["<table class='summary'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    for r in rows:
+        gate = "-" if r.get("gate_passed") is None else ("passed" if r["gate_passed"] else "not passed")
+        out.append(
+            f"<tr><td><a href='#{_slug(r['template'])}'>{_e(r['template'])}</a></td>"
+            f"<td>{_e(r['status'])}{' (cached)' if r.get('cached') else ''}</td>"
+            f"<td class='num'>{_n(r.get('tokens_before'))} → {_n(r.get('tokens_after'))}</td>"
+            f"<td class='num'>{_n(r.get('ttft_ms_before'))} → {_n(r.get('ttft_ms_after'))}</td>"
+            f"<td class='num'>{_n(r.get('quality_before'), '{:.3f}')} → {_n(r.get('quality_after'), '{:.3f}')}</td>"
+            f"<td>{gate}</td><td>{_e(_version(r))}</td></tr>")
+    return "\n".join(out + ["</table>"])
+
+
+def _diff_html(before: str | None, after: str | None) -> tuple[str, str, dict[str, int]]:
+    """(left, right, counts): the baseline with removals struck, the published text with additions marked."""
+    if before is None:
+        return '<span class="muted">(not available)</span>', _e(after), {}
+    ops = prompt_diff(before, after or "")
+    left = "".join(_e(o.before) if o.kind == "same" else f'<del class="{o.kind}">{_e(o.before)}</del>'
+                   for o in ops if o.kind != "added")
+    right = "".join(_e(o.after) if o.kind == "same" else f'<ins class="{o.kind}">{_e(o.after)}</ins>'
+                    for o in ops if o.kind != "removed")
+    return left, right, diff_counts(ops)
+
+
+def _prompt_section(p: Mapping[str, Any], version: str) -> str:
+    if not p or p.get("published_system") is None:
+        return '<p class="muted">Prompts not available for this run.</p>'
+    parts, totals = [], {"removed": 0, "added": 0, "rewritten": 0}
+    for title, b, a in (("system", p.get("baseline_system"), p["published_system"]),
+                        ("user", p.get("baseline_user"), p.get("published_user"))):
+        left, right, counts = _diff_html(b, a)
+        totals = {k: totals[k] + counts.get(k, 0) for k in totals}
+        parts.append(f"<div><div class='small muted'>{title} (baseline)</div><pre>{left}</pre></div>"
+                     f"<div><div class='small muted'>{title} ({_e(version)})</div><pre>{right}</pre></div>")
+    counts = ", ".join(f"{v} {k}" for k, v in totals.items())
+    return (f"<p class='small'>Clauses: {counts}. <del class='removed'>struck</del>: removed; "
+            f"<del class='rewritten'>old</del> → <ins class='rewritten'>new</ins>: rewritten; "
+            f"<ins class='added'>green</ins>: added. <span class='muted'>{_e(p.get('prompt_note'))}</span></p>"
+            f"<div class='diff'>{''.join(parts)}</div>")
+
+
+def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+    kind = result.get("ttft_kind", "expected")
+    lines = [("quality, 95% CI" + (f" ({_n(r.get('test_n'))} test records)" if r.get("test_n") else ""),
+              _ci(r.get("quality_before"), r.get("quality_before_low"), r.get("quality_before_high")),
+              _ci(r.get("quality_after"), r.get("quality_after_low"), r.get("quality_after_high"))),
+             ("TTFT cold, measured (ms)", _n(r.get("ttft_cold_ms_before")), _n(r.get("ttft_cold_ms_after"))),
+             ("TTFT warm, measured (ms)", _n(r.get("ttft_warm_ms_before")), _n(r.get("ttft_warm_ms_after"))),
+             (f"TTFT {kind}, measured (ms)", _n(r.get("ttft_ms_before")), _n(r.get("ttft_ms_after"))),
+             (f"TTFT {kind}, predicted (ms)", _n(r.get("ttft_ms_predicted_before")), _n(r.get("ttft_ms_predicted_after"))),
+             ("prompt tokens", _n(r.get("tokens_before")), _n(r.get("tokens_after"))),
+             ("instruction tokens", _n(r.get("instruction_tokens_before")), _n(r.get("instruction_tokens_after"))),
+             ("valid-JSON rate", _n(r.get("valid_json_rate_before"), "{:.1%}"), _n(r.get("valid_json_rate_after"), "{:.1%}"))]
+    table = ("<table class='numbers'><tr><th></th><th class='num'>baseline</th><th class='num'>published</th></tr>"
+             + "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(b)}</td><td class='num'>{_e(a)}</td></tr>" for k, b, a in lines)
+             + "</table>")
+    d = (result.get("winner") or {}).get("decision") or {}
+    bounds = ("not raced" if d.get("lower") is None else
+              f"{_e(d.get('verdict'))}: difference from the baseline in [{_n(d.get('lower'), '{:+.3f}')}, "
+              f"{_n(d.get('upper'), '{:+.3f}')}] after {_n(d.get('n'))} certify records (alpha {_n(d.get('alpha'), '{:.3g}')})")
+    gate = "gate passed" if r.get("gate_passed") else "gate not passed"
+    if r.get("gate_reason") and r["gate_reason"] != result.get("reason"):
+        gate += f": {r['gate_reason']}"
+    facts = [("decision", gate), ("why", result.get("reason")), ("certified bounds", bounds), ("record plan", r.get("plan") or "-"),
+             (f"{kind} TTFT", f"{_n(r.get('warm_share'), '{:.0%}')} of requests warm ({r.get('warm_share_source') or '-'})"),
+             ("cost", f"{_n(r.get('lm_calls'))} LM calls, {_n(r.get('tokens_processed'))} tokens processed, "
+                      f"{_n(r.get('minutes'), '{:.1f}')} minutes" + (" (from the cache of an earlier run)" if r.get("cached") else "")),
+             ("published", f"{_version(r)}; {r.get('promotion') or ''}")]
+    facts += [("note", n) for n in result.get("notes") or []]
+    return table + "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts) + "</dl>"
+
+
+def _spec_section(night: Night, r: Mapping[str, Any]) -> str:
+    name, status = r["template"], str(r["status"])
+    head = (f"<section class='spec' id='{_slug(name)}' data-spec='{_e(name)}'>"
+            f"<h2>{_e(name)} <span class='badge {status.replace(' ', '-')}'>{_e(status)}</span></h2>")
+    if status == "failed":
+        return head + f"<pre class='error'>{_e(r.get('error'))}</pre></section>"
+    result = night.results.get(name, {})
+    images = night.images.get(name, {})
+    version = f"v{int(r['version'])}" if r.get("version") is not None else "published"
+    body = [f"<h3>Prompt: baseline and published ({_e(version)})</h3>", _prompt_section(night.prompts.get(name, {}), version),
+            "<h3>Decision</h3>", _numbers(r, result),
+            "<h3>Pareto front</h3>", _img(images.get("pareto"), "Pareto front: quality vs predicted TTFT, and the density curve", "pareto"),
+            "<h3>TTFT model fit</h3>", _img(images.get("ttft"), "TTFT model: predicted vs measured (held-out prompts)", "ttft")]
+    if r.get("error"):
+        body.insert(0, f"<pre class='error'>{_e(r['error'])}</pre>")
+    return head + "\n".join(body) + "</section>"
+
+
+def render_night_report(night: Night) -> str:
+    """The page (pure): summary table, then one section per spec."""
+    failed = [r for r in night.rows if r["status"] == "failed"]
+    ttft = night.ttft
+    lead = [f"{len(night.rows) - len(failed)} of {len(night.rows)} specs done" + (f", {len(failed)} failed." if failed else ".")]
+    if ttft:
+        lead.append(f"TTFT model: {ttft.get('reason', '')}" + (" (refreshed tonight)" if ttft.get("refreshed") else ""))
+    notes = "".join(f"<p class='muted small'>{_e(n)}</p>" for n in night.notes)
+    return "\n".join([
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>Night report {_e(night.run_id)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>Nightly prompt optimization</h1><p class='muted'>run {_e(night.run_id)}</p>",
+        "".join(f"<p>{_e(x)}</p>" for x in lead), notes, _summary_table(night.rows),
+        *(_spec_section(night, r) for r in night.rows), "</body></html>",
+    ])
+
+
+def write_night_report(registry: Registry, run_id: str, *, state_dir: str | Path) -> str:
+    """Build the run's report and store it beside its run logs; returns where it is.
+
+    A registry that is not a local folder also gets a local copy under
+    ``<state_dir>/reports/`` (a browser opens files, not ``s3://`` URLs): that path is returned.
+    """
+    page = render_night_report(load_night(registry, run_id, state_dir=state_dir)).encode("utf-8")
+    key = f"runs/{run_id}/{REPORT_FILE}"
+    registry.backend.replace(key, page)
+    url = registry.backend.url(key)
+    if Path(url).is_file():
+        return url
+    local = Path(state_dir) / "reports" / f"{run_id}.html"
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(page)
+    return str(local.resolve())
+
+
+def latest_run_id(registry: Registry, run_ids: Iterable[str] | None = None) -> str:
+    """The newest run with a summary (run ids start with their UTC time).
+
+    Raises:
+        RegistryError: the registry holds no run.
+    """
+    ids = sorted(run_ids if run_ids is not None else registry.run_ids())
+    for run_id in reversed(ids):
+        try:
+            registry.get_run_log(run_id, part="summary")
+            return run_id
+        except RegistryError:
+            continue
+    raise RegistryError(f"{registry.root}: no nightly run with a summary run log (runs/<run_id>/summary.parquet)")
