@@ -320,7 +320,8 @@ class Templates:
         self.ttl_s = float(ttl_s)
         self.timeout_s = float(timeout_s)
         self.cold_timeout_s = float(cold_timeout_s)
-        self.registry = Registry(root, storage_options=storage_options)
+        # must_exist: an unmounted share is an outage (serve the last good copy), not "not found".
+        self.registry = Registry(root, storage_options=storage_options, must_exist=True)
         self._markers = _Markers(special_tokens, on_special_tokens)
         self._templates: dict[tuple[str, int], Template] = {}
         self._labels: dict[tuple[str, str], tuple[int, float]] = {}  # -> (version, next check at)

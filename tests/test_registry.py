@@ -343,18 +343,31 @@ def test_stale_temp_files_are_removed_on_write(reg):
 def test_an_empty_or_missing_root_is_unavailable_not_not_found(tmp_path):
     empty = tmp_path / "mnt"
     empty.mkdir()  # an unmounted mount point: the folder is there, the registry is not
-    reg = Registry(empty)
+    reg = Registry(empty, must_exist=True)  # as the client and the templates CLI open it
     for call in (lambda: reg.get("summarize@production"), lambda: reg.get("summarize:1"), reg.names,
-                 lambda: reg.get_artifact("ttft", "m")):
+                 lambda: reg.get_artifact("ttft", "m"), lambda: reg.versions("summarize")):
         with pytest.raises(StoreUnavailableError, match="no registry here"):
             call()
-    with pytest.raises(StoreUnavailableError, match="does not exist or is not mounted"):
-        Registry(tmp_path / "nowhere").get("summarize@production")
+    missing = Registry(tmp_path / "nowhere", must_exist=True)
+    for call in (lambda: missing.get("summarize@production"), lambda: missing.get_artifact("ttft", "m"), missing.names):
+        with pytest.raises(StoreUnavailableError, match="does not exist or is not mounted"):
+            call()
     reg.publish("other", make_content(name="other"))  # the first write makes it a registry
     assert (empty / "registry.json").is_file()
     with pytest.raises(TemplateNotFoundError, match="unknown template 'summarize'"):
         reg.get("summarize@production")
     assert reg.names() == ["other"]
+
+
+def test_by_default_a_missing_root_is_an_empty_registry(tmp_path):
+    """The pipeline's view: the registry is created on its first write."""
+    fresh = Registry(tmp_path / "new")
+    assert fresh.names() == [] and fresh.versions("summarize") == []
+    with pytest.raises(TemplateNotFoundError):
+        fresh.get_artifact("ttft", "m")
+    with pytest.raises(TemplateNotFoundError):
+        fresh.get("summarize:1")
+    assert fresh.publish("summarize", make_content()).version == 1
 
 
 def test_bad_roots_are_registry_errors():

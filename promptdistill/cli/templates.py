@@ -91,7 +91,9 @@ def _registry(args: argparse.Namespace):
         settings = load_settings(getattr(args, "config", None))
         root, where = settings.registry, f"{settings.source}: paths.registry"
     try:
-        return Registry(root)
+        # must_exist: an unmounted or wrong root says so instead of "unknown template";
+        # publish still creates a new registry.
+        return Registry(root, must_exist=True)
     except RegistryError as e:  # an unknown protocol, an empty root: the argument is wrong
         raise ConfigError(f"{where}: {e}") from None
 

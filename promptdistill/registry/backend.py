@@ -19,11 +19,15 @@ Keys are ``/``-joined relative paths built only from validated names. Any failur
 than "missing" or "exists" becomes ``StoreUnavailableError`` (the store could not be
 reached or refused access), which the client treats as "serve the last good copy".
 
-"Missing" is only believed from a store that is a registry: before anything is
-reported as not found, ``check_available`` checks the layout. A local root that does
-not exist, or holds none of ``registry.json`` (the marker the first write creates),
-``templates/``, ``artifacts/`` and ``runs/`` (an unmounted, empty mount point), is
-unavailable, and so is an object-store prefix with none of them.
+A backend opened with ``must_exist=True`` (the light client, the ``templates`` CLI:
+readers that must never mistake an outage for "no such template") believes "missing"
+only from a store that is a registry: before anything is reported as not found,
+``check_available`` checks the layout. A local root that does not exist, or holds none
+of ``registry.json`` (the marker the first write creates), ``templates/``,
+``artifacts/`` and ``runs/`` (an unmounted, empty mount point), is unavailable, and so
+is an object-store prefix with none of them. With ``must_exist=False`` (the default:
+the pipeline, which creates the registry on its first write) such a root reads as an
+empty registry.
 
 Object stores get bounded waits by default (``DEFAULT_S3_OPTIONS``: 2 s to connect,
 5 s per read, 2 attempts in botocore, none more in s3fs), instead of s3fs's own defaults,
@@ -97,6 +101,8 @@ class Backend(ABC):
         return f"{self.root.rstrip('/')}/{key}"
 
     _ensured = False
+    must_exist = False
+    """Whether a root without a registry layout is unavailable rather than empty."""
 
     def ensure_root(self) -> None:
         """Before a write: create the root if the store needs that, and the registry marker."""
@@ -109,8 +115,8 @@ class Backend(ABC):
         self._ensured = True
 
     def check_available(self) -> None:
-        """Raise StoreUnavailableError unless the root holds a registry (see the module doc)."""
-        if not any(n in LAYOUT for n in self.list("")):
+        """With ``must_exist``: raise StoreUnavailableError unless the root holds a registry."""
+        if self.must_exist and not any(n in LAYOUT for n in self.list("")):
             raise StoreUnavailableError(
                 f"{self.root}: no registry here (none of {', '.join(f'{n}/' for n in LAYOUT)}): "
                 "the store is empty, not mounted, or the root is wrong"
@@ -120,14 +126,15 @@ class Backend(ABC):
 class LocalBackend(Backend):
     """A folder on a local (or mounted) filesystem."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, must_exist: bool = False) -> None:
         self.root = os.path.abspath(os.path.expanduser(root))
+        self.must_exist = must_exist
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *[p for p in key.split("/") if p])
 
     def _check_root(self, key: str, err: OSError) -> None:
-        if not os.path.isdir(self.root):
+        if self.must_exist and not os.path.isdir(self.root):
             raise StoreUnavailableError(
                 f"{self.root}: the registry root does not exist or is not mounted (reading {key})"
             ) from err
@@ -243,10 +250,12 @@ class LocalBackend(Backend):
 class FsspecBackend(Backend):
     """Any fsspec filesystem; create-only writes are atomic on S3 (conditional PUT)."""
 
-    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None, *,
+                 must_exist: bool = False) -> None:
         import fsspec  # only for non-local roots
 
         self.root = root
+        self.must_exist = must_exist
         protocol = root.split("://", 1)[0] if "://" in root else root.split(":", 1)[0]
         options = _with_defaults(protocol, storage_options)
         retries = options.pop("retries", None) if protocol in _ATOMIC_CREATE else None
@@ -326,8 +335,11 @@ def _unlink_quietly(path: str) -> None:
         pass  # removed as stale by another writer
 
 
-def open_backend(root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> Backend:
+def open_backend(root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None, *,
+                 must_exist: bool = False) -> Backend:
     """A backend for a folder path, a ``file://`` URL or any fsspec URL.
+
+    ``must_exist``: a root without a registry is unavailable, not empty (see the module doc).
 
     Raises:
         RegistryError: an empty root, or a URL whose protocol fsspec does not know.
@@ -340,5 +352,5 @@ def open_backend(root: str | os.PathLike[str], storage_options: Mapping[str, Any
     if root.startswith("file://"):
         root = root[len("file://") :]
     if "://" not in root and not root.startswith(("memory:", "s3:")):
-        return LocalBackend(root)
-    return FsspecBackend(root, storage_options)
+        return LocalBackend(root, must_exist=must_exist)
+    return FsspecBackend(root, storage_options, must_exist=must_exist)

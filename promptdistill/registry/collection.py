@@ -109,9 +109,16 @@ class Collection:
         return f"{self.prefix}/versions/{version}.json"
 
     def versions(self) -> list[int]:
-        """Published version numbers, ascending."""
+        """Published version numbers, ascending.
+
+        Raises:
+            StoreUnavailableError: none, and the store holds no registry (``must_exist``).
+        """
         names = self.backend.list(f"{self.prefix}/versions")
-        return sorted(int(m.group(1)) for n in names if (m := _VERSION_FILE.fullmatch(n)))
+        found = sorted(int(m.group(1)) for n in names if (m := _VERSION_FILE.fullmatch(n)))
+        if not found:
+            self.backend.check_available()
+        return found
 
     def read_version(self, version: int) -> bytes:
         """The stored bytes of one version.

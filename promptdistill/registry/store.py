@@ -110,10 +110,14 @@ class Registry:
     Args:
         root: a folder (created on first write) or an fsspec URL (``s3://bucket/prefix``).
         storage_options: passed to fsspec for URLs (``{"client_kwargs": {"endpoint_url": ...}}``).
+        must_exist: a root that is missing or holds no registry (an unmounted share) is
+            unavailable (``StoreUnavailableError``) instead of an empty registry. Readers
+            that must never take an outage for "not found" set it (the client does).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.backend: Backend = open_backend(root, storage_options)
+    def __init__(self, root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+                 must_exist: bool = False) -> None:
+        self.backend: Backend = open_backend(root, storage_options, must_exist=must_exist)
 
     @property
     def root(self) -> str:
@@ -130,7 +134,7 @@ class Registry:
         """Template names that have at least one version.
 
         Raises:
-            StoreUnavailableError: the root is unreachable or holds no registry at all.
+            StoreUnavailableError: the root is unreachable, or (``must_exist``) holds no registry.
         """
         found = [n for n in self.backend.list("templates") if self._templates(n).versions()]
         if not found:
