@@ -118,7 +118,7 @@ class Backend(ABC):
         """With ``must_exist``: raise StoreUnavailableError unless the root holds a registry."""
         if self.must_exist and not any(n in LAYOUT for n in self.list("")):
             raise StoreUnavailableError(
-                f"{self.root}: no registry here (none of {', '.join(f'{n}/' for n in LAYOUT)}): "
+                f"{self.root}: no registry here (none of {', '.join(n if n == MARKER else n + '/' for n in LAYOUT)}): "
                 "the store is empty, not mounted, or the root is wrong"
             )
 
