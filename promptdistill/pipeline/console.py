@@ -86,6 +86,18 @@ def _quiet_exit(path: str) -> None:
     _point_std_fds_at(path)
 
 
+def _silence_at_exit(path: str) -> None:
+    atexit.register(_quiet_exit, path)
+    # Thread exit hooks run before atexit's: Prefect drains its event and log queues there
+    # ("Still processing items..."). This private hook is the one Prefect itself uses.
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_quiet_exit, path)
+        except RuntimeError:  # the interpreter is already shutting down its threads
+            pass
+
+
 @contextmanager
 def capture_output(log_path: str | Path | None, *, silence_at_exit: bool = False) -> Iterator[Terminal]:
     """Send everything written to fds 1 and 2 (Python, C, child processes) to ``log_path``.
@@ -97,8 +109,8 @@ def capture_output(log_path: str | Path | None, *, silence_at_exit: bool = False
     Args:
         log_path: the log file (appended to; its folder is created).
         silence_at_exit: point fds 1 and 2 at the log again when the interpreter exits:
-            the shutdown messages of libraries loaded meanwhile (their ``atexit``
-            handlers run after this one's, registered later) stay out of the terminal.
+            the shutdown messages of libraries loaded meanwhile (their exit hooks run
+            after this one's, registered later) stay out of the terminal.
     """
     if log_path is None:
         yield Terminal(sys.stdout, sys.stderr, None)
@@ -120,7 +132,7 @@ def capture_output(log_path: str | Path | None, *, silence_at_exit: bool = False
         for stream in (out, err):
             stream.close()
         if silence_at_exit:
-            atexit.register(_quiet_exit, str(path))
+            _silence_at_exit(str(path))
 
 
 def is_ours(record: logging.LogRecord) -> bool:

@@ -1,0 +1,329 @@
+"""The quiet terminal: capturing third-party output, the progress model, and a real run's noise.
+
+The pure parts (the steps, the estimates, Prefect's task-run records mapped to steps, the
+display's lines) run on a fake clock. ``capture_output`` is tested in a child process,
+where C-level writes to fd 2 can be made for real. The last test runs
+``promptdistill nightly`` on the real engine (smoke budget, one spec, a fresh state) and
+counts the lines on its stdout and stderr that are not ours.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from promptdistill.pipeline.console import (
+    ProgressDisplay,
+    ProgressHandler,
+    RunProgress,
+    Terminal,
+    format_duration,
+    is_ours,
+    plan_night,
+    task_state,
+)
+from promptdistill.registry.store import Registry
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def night(clock: Clock, distill: float | None = 2.0) -> RunProgress:
+    steps = plan_night(["a", "b"], ttft_minutes=4.0, distill_minutes=distill, optimize_minutes=2.0, startup_s=60,
+                       overhead_s=30, report_s=15)
+    return RunProgress(steps, clock=clock)
+
+
+# --- the steps and their estimates ---------------------------------------------------------
+
+
+def test_the_plan_follows_the_flow_and_the_budget():
+    steps = plan_night(["a", "b"], ttft_minutes=4.0, distill_minutes=2.0, optimize_minutes=3.0)
+    assert [s.key for s in steps] == ["start-up", "ttft", "distill:a", "optimize:a", "distill:b", "optimize:b", "report"]
+    assert [s.estimate_s for s in steps[1:4]] == [270.0, 150.0, 210.0]
+    no_distill = plan_night(["a"], ttft_minutes=1.0, distill_minutes=None, optimize_minutes=1.0)
+    assert [s.key for s in no_distill] == ["start-up", "ttft", "optimize:a", "report"]
+
+
+@pytest.mark.parametrize("message, state", [
+    ("Finished in state Completed()", "done"), ("Finished in state Cached(type=COMPLETED)", "cached"),
+    ("Finished in state Failed('Task run encountered an exception')", "failed"),
+    ("Finished in state TimedOut('...')", "failed"), ("taking a slot of concurrency limit", None),
+])
+def test_prefect_finish_messages_become_states(message, state):
+    assert task_state(message) == state
+
+
+def test_task_runs_map_to_steps():
+    p = night(Clock())
+    assert [p.task_key(n) for n in ("measure-ttft-abc", "fit-ttft-model-x1", "prepare-a", "distill-a", "optimize-b",
+                                    "publish-b", "record-b", "report-night-zz", "something-else")] == \
+        ["ttft", "ttft", "distill:a", "distill:a", "optimize:b", "optimize:b", "optimize:b", "report", None]
+    # Without a distiller, preparing a spec is part of its optimize step.
+    assert night(Clock(), distill=None).task_key("prepare-a") == "optimize:a"
+
+
+def test_a_fresh_ttft_model_is_skipped_and_steps_end_in_order():
+    clock = Clock()
+    p = night(clock)
+    assert p.begin("start-up") == ["start-up"]
+    clock.now += 50
+    # The first record of spec a: start-up is over, the TTFT step never ran.
+    assert p.on_task("prepare-a", "Finished in state Completed()") == ["start-up", "ttft", "distill:a"]
+    assert [p.step(k).state for k in ("start-up", "ttft", "distill:a")] == ["done", "skipped", "running"]
+    clock.now += 100
+    assert p.on_task("distill-a", "Finished in state Completed()") == ["distill:a"]
+    assert p.step("distill:a").state == "done" and p.elapsed(p.step("distill:a")) == 100
+    # optimize-a finishing does not end the step: publish and record belong to it.
+    p.on_task("optimize-a", "taking a slot")
+    clock.now += 90
+    assert p.on_task("optimize-a", "Finished in state Completed()") == []
+    assert p.on_task("record-a", "Finished in state Completed()") == ["optimize:a"]
+
+
+def test_estimates_come_from_the_budget_then_from_what_has_run():
+    clock = Clock()
+    p = night(clock)
+    p.begin("start-up")
+    assert p.total_left() == 60 + 270 + 2 * (150 + 150) + 15
+    clock.now += 60
+    p.begin("distill:a")
+    clock.now += 75  # half its budget
+    assert p.left(p.step("distill:a")) == 75
+    p.end("distill:a")
+    # Distilling took half its budget: spec b's distill step is expected to as well.
+    assert p.scale("distill") == 0.5 and p.left(p.step("distill:b")) == 75
+    assert p.scale("optimize") == 1.0 and p.left(p.step("optimize:b")) == 150
+    # A running step past its estimate has nothing left, never a negative time.
+    p.begin("optimize:a")
+    clock.now += 1000
+    assert p.left(p.step("optimize:a")) == 0.0
+
+
+def test_cached_steps_do_not_teach_the_estimate_and_failures_end_a_step():
+    clock = Clock()
+    p = night(clock)
+    p.on_task("distill-a", "Finished in state Cached(type=COMPLETED)")
+    clock.now += 5
+    p.on_task("optimize-a", "Finished in state Cached(type=COMPLETED)")
+    p.on_task("record-a", "Finished in state Completed()")
+    assert p.step("distill:a").state == "cached" and p.step("optimize:a").state == "cached"
+    assert p.scale("optimize") == 1.0
+    assert p.on_task("distill-b", "Finished in state Failed('boom')") == ["distill:b"]
+    assert p.step("distill:b").state == "failed"
+    # The flow moves on to the report: spec b's optimize step never ran.
+    p.on_task("report-night-x", "Finished in state Completed()")
+    assert p.step("optimize:b").state == "skipped" and p.step("report").state == "done"
+    assert p.total_left() == 0
+
+
+def test_durations_read_as_clock_times():
+    assert [format_duration(s) for s in (None, 0, 59.6, 61, 3600 + 62)] == ["-", "0:00", "1:00", "1:01", "1:01:02"]
+
+
+# --- the display and the log handler --------------------------------------------------------
+
+
+def _record(msg: str, level: int = logging.INFO, *, pathname: str = "/elsewhere/lib.py", **extra) -> logging.LogRecord:
+    record = logging.LogRecord("prefect.task_runs", level, pathname, 1, msg, (), None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_without_a_terminal_the_display_prints_one_line_per_change():
+    clock = Clock()
+    err = io.StringIO()
+    terminal = Terminal(io.StringIO(), err, Path("x.log"))
+    display = ProgressDisplay(night(clock), terminal)
+    assert display.live is False  # a StringIO is no terminal
+    handler = ProgressHandler(display, terminal)
+    with display:
+        display.begin("start-up")
+        clock.now += 42
+        handler.emit(_record("Finished in state Completed()", task_run_name="prepare-a"))
+        handler.emit(_record("loading weights", logging.WARNING))  # a library's warning: not shown
+        handler.emit(_record("the night report could not be built", logging.WARNING,
+                             pathname=str(REPO / "promptdistill" / "flows" / "nightly.py"), flow_run_name="brave-fox"))
+        handler.emit(_record("Finished in state Failed('boom')", logging.ERROR, task_run_name="distill-a"))
+    lines = err.getvalue().splitlines()
+    assert lines[0].startswith("[ 0:00] start-up: running; about ")
+    assert lines[1].startswith("[ 0:42] start-up: done in 0:42")
+    assert lines[2].startswith("[ 0:42] ttft: skipped") and lines[3].startswith("[ 0:42] distill a: running")
+    assert "WARNING brave-fox: the night report could not be built" in lines  # our warning
+    assert "loading weights" not in err.getvalue()
+    assert any(line.startswith("[ 0:42] distill a: failed in 0:00") for line in lines)
+    assert "ERROR distill-a: Finished in state Failed('boom')" in lines  # errors in full
+
+
+def test_records_from_our_package_are_ours():
+    assert is_ours(_record("x", pathname=str(REPO / "promptdistill" / "flows" / "nightly.py")))
+    assert not is_ours(_record("x", pathname="/venv/lib/python3.11/site-packages/vllm/config.py"))
+
+
+def test_the_live_table_lists_every_step():
+    from rich.console import Console
+
+    clock = Clock()
+    p = night(clock)
+    p.begin("ttft")
+    clock.now += 30
+    out = io.StringIO()
+    Console(file=out, width=100, force_terminal=False).print(p.table())
+    text = out.getvalue()
+    assert [line.split()[0] for line in text.splitlines()[1:]] == ["start-up", "ttft", "distill", "optimize", "distill",
+                                                                    "optimize", "report"]
+    assert re.search(r"ttft\s+running\s+0:30\s+~4:00", text), text
+    assert p.footer().startswith("elapsed 0:30, about 14:15 left")  # 4:00 + 2 x (2:30 + 2:30) + 0:15
+
+
+# --- capturing output: Python, C-level and child-process writes -------------------------------
+
+CHILD = textwrap.dedent("""
+    import ctypes, os, subprocess, sys, warnings
+    from pathlib import Path
+    from promptdistill.pipeline.console import capture_output
+
+    print("before", flush=True)
+    with capture_output(Path(sys.argv[1])) as term:
+        print("python stdout")
+        print("python stderr", file=sys.stderr)
+        warnings.warn("a FutureWarning from a library", FutureWarning)
+        libc = ctypes.CDLL(None)
+        libc.write(2, b"C-level NUMA binding line\\n", 26)
+        subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('child process line\\\\n')"])
+        print("ours on the terminal", file=term.err, flush=True)
+    print("after", flush=True)
+""")
+
+
+def test_capture_sends_every_kind_of_write_to_the_log(tmp_path):
+    log = tmp_path / "logs" / "run.log"
+    out = subprocess.run([sys.executable, "-c", CHILD, str(log)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["before", "after"]
+    assert out.stderr.splitlines() == ["ours on the terminal"]
+    text = log.read_text()
+    for line in ("python stdout", "python stderr", "a FutureWarning from a library", "C-level NUMA binding line",
+                 "child process line"):
+        assert line in text
+
+
+EXITING = textwrap.dedent("""
+    import atexit, sys, threading
+    from promptdistill.pipeline.console import capture_output
+
+    # Registered before the capture, as Prefect's queue services and vLLM's clean-up are.
+    threading._register_atexit(lambda: print("Still processing items: 1 items remaining...", file=sys.stderr))
+    atexit.register(lambda: print("Stopping temporary server", file=sys.stderr))
+    with capture_output(sys.argv[1], silence_at_exit=True):
+        pass
+    print("the summary table", flush=True)
+""")
+
+
+def test_shutdown_messages_after_the_run_go_to_the_log(tmp_path):
+    log = tmp_path / "run.log"
+    out = subprocess.run([sys.executable, "-c", EXITING, str(log)], capture_output=True, text=True, timeout=60)
+    assert (out.stdout, out.stderr) == ("the summary table\n", "")
+    assert "Still processing items" in log.read_text() and "Stopping temporary server" in log.read_text()
+
+
+def test_verbose_leaves_the_terminal_alone():
+    from promptdistill.pipeline.console import capture_output
+
+    with capture_output(None) as term:
+        assert term.out is sys.stdout and term.err is sys.stderr and term.log_path is None
+
+
+# --- a real nightly: how much third-party output reaches the terminal -------------------------
+
+OURS = [
+    re.compile(r"^third-party output \(engine, libraries\): "),
+    re.compile(r"^\[\s*\d+:\d\d(:\d\d)?\] "),             # the progress lines
+    re.compile(r"^(template\s+status|[- ]+$|ticket_triage\s)"),  # the summary table
+    re.compile(r"^(TTFT model|registry|night report|failed): "),
+    re.compile(r"^$"),
+]
+
+
+def third_party_lines(text: str) -> list[str]:
+    """Lines of a run's terminal output that none of our outputs printed."""
+    return [line for line in text.splitlines() if not any(p.match(line) for p in OURS)]
+
+
+def test_the_classifier_counts_what_is_not_ours():
+    text = ("third-party output (engine, libraries): /x/nightly.log  (--verbose shows it here)\n"
+            "[ 0:00] start-up: running; about 9:00 left\n"
+            "INFO 12-01 22:00:00 [config.py:1] This model supports multiple tasks\n"
+            "template       status\n-------------  ------\nticket_triage  optimized\n\nTTFT model: fresh\n"
+            "/venv/site-packages/torch/_utils.py:1: FutureWarning: ...\n")
+    assert third_party_lines(text) == ["INFO 12-01 22:00:00 [config.py:1] This model supports multiple tasks",
+                                       "/venv/site-packages/torch/_utils.py:1: FutureWarning: ..."]
+
+
+_RUN: dict[str, object] = {}
+
+
+def real_nightly(root: Path) -> dict[str, object]:
+    """``promptdistill nightly --budget smoke`` on ticket_triage, as ``make run`` calls it, in a
+    fresh project folder (empty state and registry: the TTFT model is profiled too).
+
+    Run once per test session (the browser test reads the same run's report). The caller
+    holds the engine lock: run pytest under ``flock /tmp/pd-engine.lock``.
+    """
+    if not _RUN:
+        shutil.copytree(REPO / "prompts", root / "prompts")
+        shutil.copytree(REPO / "datasets", root / "datasets", ignore=shutil.ignore_patterns("generators"))
+        # An initialised, empty registry: on a missing or bare root the registry's reads raise
+        # StoreUnavailableError and the first night stops (reported to the registry's owner).
+        Registry(root / "registry").backend.ensure_root()
+        env = {**os.environ, "PROMPTDISTILL_STATE_DIR": str(root / "state"), "PROMPTDISTILL_REGISTRY": str(root / "registry"),
+               "PREFECT_HOME": str(root / "prefect"), "PYTHONUNBUFFERED": "1"}
+        env.pop("PREFECT_API_URL", None)
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "promptdistill", "nightly", "--budget", "smoke", "--specs",
+                               "ticket_triage"], cwd=root, env=env, capture_output=True, text=True, timeout=3600)
+        _RUN.update(root=root, returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr,
+                    minutes=(time.monotonic() - started) / 60)
+    return _RUN
+
+
+@pytest.fixture(scope="session")
+def nightly_run(tmp_path_factory):
+    return real_nightly(tmp_path_factory.mktemp("nightly-cli"))
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_real_nightly_shows_our_work_not_third_party_noise(nightly_run):
+    run = nightly_run
+    both = f"{run['stdout']}\n{run['stderr']}"
+    assert run["returncode"] == 0, both
+    noise = third_party_lines(both)
+    print(f"{len(noise)} third-party lines in {run['minutes']:.1f} min:\n" + "\n".join(noise))
+    assert len(noise) < 20, "\n".join(noise)
+    # What we print: the log's path once, progress, the table, the report's path.
+    log = re.search(r"^third-party output \(engine, libraries\): (\S+)", run["stderr"], re.MULTILINE)
+    assert log and both.count("third-party output") == 1
+    log_text = Path(log.group(1)).read_text(errors="replace")
+    assert "vllm" in log_text.lower() or "prefect" in log_text.lower()  # the noise went there
+    assert re.search(r"optimize ticket_triage: done in", run["stderr"])
+    assert re.search(r"^ticket_triage\s+(optimized|baseline kept)", run["stdout"], re.MULTILINE)
+    assert re.search(r"^night report: .*report\.html$", run["stdout"], re.MULTILINE)
