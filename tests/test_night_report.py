@@ -25,6 +25,7 @@ from fakes import FAKE_IDENTITY, FakeEngine
 from promptdistill.optimize import OptimizeBudget, optimize
 from promptdistill.pipeline.night_report import (
     REPORT_PART,
+    Night,
     diff_counts,
     diff_text,
     latest_run_id,
@@ -202,3 +203,12 @@ def test_a_run_without_a_report_log_still_gets_a_page(night, tmp_path):
     page = render_night_report(night2)
     assert "prompts are not shown" in page and "data-plot=\"pareto\"" in page
     assert latest_run_id(registry) == other
+
+
+def test_a_kept_baseline_is_shown_once():
+    prompt = {"baseline_system": "Be kind.\n\nRules:\n- One.", "published_system": "Be kind.\n\nRules:\n- One.",
+              "baseline_user": "Q: {q}", "published_user": "Q: {q}", "prompt_note": "baseline rendered from x.yaml"}
+    row = summary_row("s", {}, status="baseline kept", version=1)
+    page = render_night_report(Night("r1", [row], {"s": prompt}, {"s": {}}, {"s": {}}, {}, []))
+    assert "Unchanged: the published prompt is the baseline" in page
+    assert page.count("Rules:") == 1 and "<del" not in page.split("</style>")[1].split("Unchanged")[1]

@@ -274,7 +274,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}th{background:#
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:13px;background:#e4e8ef;vertical-align:middle}
 .optimized{background:#d7f2de}.failed{background:#fbd9d9}.baseline-kept{background:#fdf1cc}
 .diff{display:grid;grid-template-columns:1fr 1fr;gap:14px}
-.diff pre{white-space:pre-wrap;word-wrap:break-word;font:13px/1.5 ui-monospace,Menlo,Consolas,monospace;
+.diff pre,.same pre{white-space:pre-wrap;word-wrap:break-word;font:13px/1.5 ui-monospace,Menlo,Consolas,monospace;
 background:#f8f9fb;border:1px solid #e4e8ef;border-radius:6px;padding:10px;margin:4px 0}
 del.removed{background:#fbd9d9;color:#8a1c1c}del.rewritten{background:#fdf1cc;color:#7a5a00}
 ins.added{background:#d7f2de;text-decoration:none}ins.rewritten{background:#fdf1cc;text-decoration:none;
@@ -342,9 +342,15 @@ def _diff_html(before: str | None, after: str | None) -> tuple[str, str, dict[st
 def _prompt_section(p: Mapping[str, Any], version: str) -> str:
     if not p or p.get("published_system") is None:
         return '<p class="muted">Prompts not available for this run.</p>'
+    pairs = (("system", p.get("baseline_system"), p["published_system"]),
+             ("user", p.get("baseline_user"), p.get("published_user")))
+    if all(b is not None and not any(o.kind != "same" for o in prompt_diff(b, a or "")) for _, b, a in pairs):
+        # The baseline was kept as written: one copy, full width, is easier to read than two.
+        shown = "".join(f"<div class='small muted'>{t}</div><pre>{_e(a)}</pre>" for t, _, a in pairs)
+        return (f"<p class='small'>Unchanged: the published prompt is the baseline, clause for clause. "
+                f"<span class='muted'>{_e(p.get('prompt_note'))}</span></p><div class='same'>{shown}</div>")
     parts, totals = [], {"removed": 0, "added": 0, "rewritten": 0}
-    for title, b, a in (("system", p.get("baseline_system"), p["published_system"]),
-                        ("user", p.get("baseline_user"), p.get("published_user"))):
+    for title, b, a in pairs:
         left, right, counts = _diff_html(b, a)
         totals = {k: totals[k] + counts.get(k, 0) for k in totals}
         parts.append(f"<div><div class='small muted'>{title} (baseline)</div><pre>{left}</pre></div>"
@@ -373,7 +379,7 @@ def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
              + "</table>")
     d = (result.get("winner") or {}).get("decision") or {}
     bounds = ("not raced" if d.get("lower") is None else
-              f"{_e(d.get('verdict'))}: difference from the baseline in [{_n(d.get('lower'), '{:+.3f}')}, "
+              f"{d.get('verdict')}: difference from the baseline in [{_n(d.get('lower'), '{:+.3f}')}, "
               f"{_n(d.get('upper'), '{:+.3f}')}] after {_n(d.get('n'))} certify records (alpha {_n(d.get('alpha'), '{:.3g}')})")
     gate = "gate passed" if r.get("gate_passed") else "gate not passed"
     if r.get("gate_reason") and r["gate_reason"] != result.get("reason"):
