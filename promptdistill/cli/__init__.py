@@ -24,7 +24,8 @@ from promptdistill.core.errors import ConfigError, PromptDistillError, SpecError
 __all__ = ["main"]
 
 # Modules under promptdistill/cli/ that add subcommands, in help order.
-COMMAND_MODULES = ("generate", "spec", "features", "ttft", "plan", "distill", "optimize", "templates", "nightly")
+COMMAND_MODULES = ("generate", "spec", "features", "ttft", "plan", "distill", "optimize", "templates", "nightly",
+                   "report")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Batch prompt optimization on a local vLLM engine.",
     )
     parser.add_argument("--config", help="config file (default: $PROMPTDISTILL_CONFIG or ./promptdistill.toml)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show third-party output (engine logs, library warnings) on the terminal instead of "
+                             "in a log file; commands also take it after their name")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"promptdistill.cli.{name}").register(sub)

@@ -9,13 +9,21 @@ server, state in ``PREFECT_HOME``); with it, the run is recorded on that server 
 in its UI. Run it from any project folder that holds ``prompts/`` and ``datasets/`` (or
 pass ``--prompts-dir``): the flows ship with the package. Exit code 1 when a spec failed
 (the others are still published and in the table).
+
+The terminal shows our work: a live progress display per stage and spec (elapsed time,
+an estimate of what is left), errors in full, then the summary table and the night
+report's path. Third-party output (vLLM, torch, Prefect, C-level writes to stderr) goes
+to ``<state_dir>/logs/nightly-<time>.log``, printed once; ``--verbose`` shows it instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from promptdistill.core.env import apply_defaults
@@ -35,43 +43,95 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-promote", action="store_true", help="publish as 'candidate' only; never move 'production'")
     p.add_argument("--no-distill", action="store_true", help="skip the distiller (optimize the instruction as written)")
     p.add_argument("--ttft-max-age-hours", type=float, default=168.0, help="refresh an older TTFT model (default 168)")
+    # SUPPRESS: `promptdistill --verbose nightly` (the global flag) is not reset by this one's default.
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="show third-party output on the terminal instead of in the log file")
     p.set_defaults(func=_nightly)
 
 
 def _nightly(args: argparse.Namespace) -> int:
     if args.config:
         os.environ["PROMPTDISTILL_CONFIG"] = args.config  # the flow reads the settings itself
-    # vLLM's start-up warnings (no tcmalloc, no Triton on CPU) would bury the summary
-    # table on stdout; errors still show. Set before Prefect and vLLM are imported.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    verbose = bool(getattr(args, "verbose", False))
+    if not verbose:
+        # Fewer lines to the log file, too; errors still come through. Set before vLLM is imported.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     apply_defaults()
+    # Imports in the functions keep the pipeline (rich, pandas, Prefect, vLLM) out of the CLI's start-up.
     from promptdistill.core.config import load_settings
-    from promptdistill.core.errors import PromptDistillError
+    from promptdistill.pipeline.console import capture_output
+
+    settings = load_settings()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    log_path = None if verbose else Path(settings.state_dir).resolve() / "logs" / f"nightly-{stamp}.log"
+    if log_path is not None:
+        print(f"third-party output (engine, libraries): {log_path}  (--verbose shows it here)", file=sys.stderr)
+    # From here until the run ends, fds 1 and 2 point at the log: the imports below load
+    # Prefect, torch and vLLM, whose import-time warnings belong there too.
+    with capture_output(log_path, silence_at_exit=log_path is not None) as terminal:
+        outcome, state = _run(args, terminal)
+    return _report(outcome, state, settings.registry, log_path)
+
+
+def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
+    """Run the flow with the progress display on ``terminal``; returns (outcome, final state)."""
     from promptdistill.flows.nightly import nightly
     from promptdistill.pipeline.budgets import budget_preset
-    from promptdistill.pipeline.jobs import SpecsFailedError
-    from promptdistill.pipeline.report import format_summary_table
+    from promptdistill.pipeline.console import (
+        ProgressDisplay,
+        ProgressHandler,
+        RunProgress,
+        plan_night,
+    )
+    from promptdistill.pipeline.jobs import select_spec_files
 
     params: dict[str, Any] = dict(budget_preset(args.budget))
     if args.no_distill:
         params["distill"] = None
     specs = [s.strip() for s in args.specs.split(",") if s.strip()] if args.specs else None
-    state = nightly(specs=specs, prompts_dir=args.prompts_dir, seed=args.seed, allow_promotion=not args.no_promote,
-                    ttft_max_age_hours=args.ttft_max_age_hours, return_state=True, **params)
-    outcome = state.result(raise_on_failure=False)
+    steps = plan_night([p.stem for p in select_spec_files(args.prompts_dir, specs)],
+                       ttft_minutes=params["ttft_budget"].minutes,
+                       distill_minutes=params["distill"].max_minutes if params["distill"] is not None else None,
+                       optimize_minutes=params["budget"].max_minutes)
+    # --verbose: library output shares the terminal, so plain lines instead of a live table.
+    display = ProgressDisplay(RunProgress(steps), terminal, live=None if terminal.log_path else False)
+    # After the imports above: Prefect's logging set-up replaces the root logger's handlers.
+    handler = ProgressHandler(display, terminal, echo=terminal.log_path is not None)
+    logging.getLogger().addHandler(handler)
+    try:
+        with display:
+            display.begin("start-up")
+            state = nightly(specs=specs, prompts_dir=args.prompts_dir, seed=args.seed,
+                            allow_promotion=not args.no_promote, ttft_max_age_hours=args.ttft_max_age_hours,
+                            return_state=True, **params)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    return state.result(raise_on_failure=False), state
+
+
+def _report(outcome: Any, state: Any, registry: str, log_path: Path | None) -> int:
+    """Print the summary table, the night report's path and what failed; the exit code."""
+    from promptdistill.core.errors import PromptDistillError
+    from promptdistill.pipeline.jobs import SpecsFailedError
+    from promptdistill.pipeline.report import format_summary_table
+
     summary = outcome.summary if isinstance(outcome, SpecsFailedError) else outcome
+    see_log = f" (details in {log_path})" if log_path is not None else ""
     if not isinstance(summary, dict) or "rows" not in summary:  # the run failed before or between specs
         if isinstance(outcome, PromptDistillError):
             raise outcome
         reason = f"{type(outcome).__name__}: {outcome}" if isinstance(outcome, BaseException) else state.message
-        print(f"nightly ended {state.name}: {reason}", file=sys.stderr)
+        print(f"nightly ended {state.name}: {reason}{see_log}", file=sys.stderr)
         return 1
     print(format_summary_table(summary["rows"]))
     print(f"\nTTFT model: {summary['ttft'].get('reason', '')}")
-    registry = load_settings().registry
     print(f"registry: {registry} (run logs under runs/{summary['run_id']}); load a template with "
           f"`Templates({registry!r}).get('NAME@production')`")
+    if summary.get("report"):
+        print(f"night report: {summary['report']}")
+    else:
+        print(f"night report: not built{see_log}; retry with `promptdistill report {summary['run_id']}`", file=sys.stderr)
     if summary["failed"]:
-        print(f"failed: {', '.join(summary['failed'])}", file=sys.stderr)
+        print(f"failed: {', '.join(summary['failed'])}{see_log}", file=sys.stderr)
         return 1
     return 0

@@ -8,7 +8,8 @@ The outline (each step a task run in the Prefect UI):
 3. per spec, one at a time on an in-process engine: prepare (validate, hash), distill
    and optimize (each cached on its work key), publish (``candidate``; ``production`` when the gate passed
    and ``allow_promotion``), record (artifacts, run logs);
-4. the night's report: a summary table across specs and the versions published.
+4. the night's report: a summary table across specs and the versions published, and the
+   HTML night report beside the run logs (``result["report"]``).
 
 A failing spec fails its own tasks and shows up as ``failed`` in the summary; the others
 go on. The run ends Failed when any spec failed, after the report is written.
@@ -67,7 +68,8 @@ def nightly(
             the engine's global concurrency limit still bounds how many run together).
 
     Returns:
-        ``{"run_id", "rows", "ttft", "failed"}``; the run is Failed if any spec failed.
+        ``{"run_id", "rows", "ttft", "report", "failed"}`` (``report``: the night report's
+        path); the run is Failed if any spec failed.
     """
     logger = get_run_logger()
     apply_defaults()
@@ -89,9 +91,10 @@ def nightly(
             rows = [f.result() for f in futures]
         else:
             rows = [run_spec(str(p), **common) for p in paths]
-    report_night(rows, ttft, settings.registry, run_id)
+    report = report_night(rows, ttft, settings.registry, run_id)
     logger.info("summary:\n%s", format_summary_table(rows))
-    result = {"run_id": run_id, "rows": rows, "ttft": ttft, "failed": [r["template"] for r in rows if r["status"] == "failed"]}
+    result = {"run_id": run_id, "rows": rows, "ttft": ttft, "report": report["report"],
+              "failed": [r["template"] for r in rows if r["status"] == "failed"]}
     if result["failed"]:
         raise SpecsFailedError(f"{len(result['failed'])} of {len(rows)} specs failed: {', '.join(result['failed'])}", result)
     return result

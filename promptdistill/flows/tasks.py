@@ -41,6 +41,7 @@ from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline import stages
 from promptdistill.pipeline.budgets import TTFTBudget, task_timeout_s
 from promptdistill.pipeline.jobs import SpecJob, prepare_job, work_key
+from promptdistill.pipeline.night_report import REPORT_PART, prompt_rows, write_night_report
 from promptdistill.pipeline.publish import promote_and_publish
 from promptdistill.pipeline.report import (
     artifact_key,
@@ -287,15 +288,31 @@ def _run_spec(path: str, *, engine_config: EngineConfig, engine_key: str, budget
 
 
 @task(name="report-night", cache_policy=NO_CACHE)
-def report_night(rows: list[dict[str, Any]], ttft: dict[str, Any], registry_root: str, run_id: str) -> str:
-    """The night's summary table and report artifacts, and its summary run log."""
+def report_night(rows: list[dict[str, Any]], ttft: dict[str, Any], registry_root: str, run_id: str) -> dict[str, Any]:
+    """The night's summary table, its run logs and report artifacts, and the HTML night report.
+
+    Returns:
+        ``{"summary": <summary run log URL>, "report": <night report path, or None when it failed>}``;
+        a report that fails to build is a warning, not a failed night.
+    """
+    registry = Registry(registry_root)
     frame = summary_frame(rows)
-    url = Registry(registry_root).put_run_log(run_id, frame, part="summary")
+    url = registry.put_run_log(run_id, frame, part="summary")
     create_table_artifact(table=frame.astype(object).where(frame.notna(), None).to_dict("records"), key="nightly-summary",
                           description="Nightly: one row per spec (tokens, TTFT, quality before and after; published version)")
-    create_markdown_artifact(markdown=nightly_report_markdown(rows, ttft=ttft, run_id=run_id, registry_root=registry_root),
-                             key="nightly-report", description="Nightly: summary across specs and registry versions published")
-    return url
+    report = None
+    try:
+        registry.put_run_log(run_id, prompt_rows(rows, state_dir=state_dir(), ttft=ttft), part=REPORT_PART)
+        report = write_night_report(registry, run_id, state_dir=state_dir())
+    except Exception as e:  # noqa: BLE001 - the night's work is done and published: a report problem must not fail it
+        get_run_logger().warning("the night report could not be built: %s: %s", type(e).__name__, e, exc_info=True)
+    markdown = nightly_report_markdown(rows, ttft=ttft, run_id=run_id, registry_root=registry_root)
+    if report:
+        link = Path(report).as_uri() if Path(report).is_absolute() else report
+        markdown += f"\n\n**Night report** (one HTML page, opens offline): [{report}]({link})"
+    create_markdown_artifact(markdown=markdown, key="nightly-report",
+                             description="Nightly: summary across specs and registry versions published")
+    return {"summary": url, "report": report}
 
 
 def _error(state: Any) -> str:
