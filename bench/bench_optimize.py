@@ -49,7 +49,8 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
         distilled = distill_stage(engine, job, config=preset["distill"], seed=seed,
                                   out_dir=state / "bench" / "distill" / name, cache_path=cache)
     print(f"[{name}] optimize", flush=True)
-    result = optimize_stage(engine, job, ttft_model=model, budget=preset["budget"], selection=SelectionRule(),
+    result = optimize_stage(engine, job, ttft_model=model, budget=preset["budget"],
+                            selection=preset.get("selection", SelectionRule()),
                             seed=seed, distilled=distilled, out_dir=state / "bench" / "optimize" / name,
                             cache_path=cache)
     minutes = (time.monotonic() - started) / 60.0

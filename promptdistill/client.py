@@ -43,7 +43,13 @@ from typing import Any, Callable, Iterable, Mapping
 import jsonschema
 
 from promptdistill.core.config import load_settings
-from promptdistill.core.errors import InvalidReplyError, PromptDistillError, RegistryError, TemplateNotFoundError
+from promptdistill.core.errors import (
+    InvalidReplyError,
+    PromptDistillError,
+    RegistryError,
+    SpecialTokenError,
+    TemplateNotFoundError,
+)
 from promptdistill.registry.backend import StoreUnavailableError
 from promptdistill.registry.records import VersionRecord, parse_ref
 from promptdistill.registry.store import Registry
@@ -75,10 +81,6 @@ in a value would become a real role marker there."""
 _SHAPES = r"<\|[A-Za-z0-9_.:/-]{1,48}\|>|<\uff5c[^\uff5c<>]{1,48}\uff5c>"
 _ZWSP = "\u200b"
 _POLICIES = ("escape", "reject", "keep")
-
-
-class SpecialTokenError(RegistryError, ValueError):
-    """An input value holds a chat special-token string and the policy is ``reject``."""
 
 
 class _Markers:

@@ -73,6 +73,7 @@ def _params(root: Path, specs: list[str]) -> dict:
         ttft_budget=replace(smoke["ttft_budget"], points=10, minutes=12.0, keep_contended=True),
         distill=replace(smoke["distill"], max_minutes=1.0, max_lm_calls=40),
         budget=replace(smoke["budget"], max_minutes=1.0, max_lm_calls=80),
+        selection=smoke["selection"],
     )
 
 

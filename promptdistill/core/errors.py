@@ -15,7 +15,8 @@ Callers catch ``PromptDistillError`` or narrow down::
     └── RegistryError          the template registry refused an operation
         ├── TemplateNotFoundError  unknown name, label or version
         ├── IntegrityError         a stored version fails its content-hash check
-        └── InvalidReplyError      a reply does not parse or does not match the output schema
+        ├── InvalidReplyError      a reply does not parse or does not match the output schema
+        └── SpecialTokenError      an input value holds a chat special-token string (policy 'reject')
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "RegistryError",
     "SchemaError",
     "SpecError",
+    "SpecialTokenError",
     "TemplateNotFoundError",
 ]
 
@@ -92,3 +94,7 @@ class IntegrityError(RegistryError):
 
 class InvalidReplyError(RegistryError):
     """A model reply is not valid JSON or does not match the output schema."""
+
+
+class SpecialTokenError(RegistryError, ValueError):
+    """An input value holds a chat special-token string and the client's policy is ``reject``."""

@@ -264,6 +264,11 @@ class _Run:
                 scores = self.score_clauses(best, clauses)
                 cands = self.build_candidates(best, rnd, clauses, scores)
                 self.candidates += cands
+                if rnd == self.config.max_rounds and not self.config.race:
+                    # The last round's candidates go to the optimizer, which screens them itself.
+                    self.clause_scores += [(rnd, s, True) for s in scores]
+                    stop = f"max_rounds ({self.config.max_rounds}) reached"
+                    break
                 ranked = self.screen(cands, keep=len(cands))
                 step = next((c for c in ranked if c.cost < best.cost), None)
                 log.info("round %d: %d candidates, %d plausible; next: %s (%d LM calls so far)", rnd, len(cands),
@@ -280,7 +285,12 @@ class _Run:
                 best = step
             else:
                 stop = f"max_rounds ({self.config.max_rounds}) reached"
-        finalists = self.screen(self.candidates[1:]) if self.original.screen is not None else []
+        if self.config.race:
+            finalists = self.screen(self.candidates[1:]) if self.original.screen is not None else []
+        else:
+            # The optimizer screens the variants itself, with its example settings: hand over
+            # every candidate, shortest first, without spending records on them here.
+            finalists = sorted(self.candidates[1:], key=lambda c: (c.instruction_tokens, c.id))
         plan = self.plan(finalists)
         log.info("search stopped (%s) after %d LM calls; %s", stop, self.meter.calls, plan.sentence())
         if self.config.race:
@@ -310,8 +320,8 @@ class _Run:
 
     def plan(self, finalists: Sequence[Candidate]) -> Any:
         """What the certify pool can decide, from the finalists' discordance on the screen records."""
-        discordant = [abs(a - b) > 1e-9 for c in finalists for a, b in zip(c.screen.scores, self.original.screen.scores)
-                      if a is not None and b is not None]
+        discordant = [abs(a - b) > 1e-9 for c in finalists if c.screen is not None and self.original.screen is not None
+                      for a, b in zip(c.screen.scores, self.original.screen.scores) if a is not None and b is not None]
         share = sum(discordant) / len(discordant) if discordant else 0.2
         return plan_records(len(self.splits.certify), discordance=share, margin=self.max_drop,
                             alpha=self.config.alpha / max(1, len(finalists)))

@@ -198,7 +198,7 @@ class OptimizeRun:
         """LM calls the steps after the search may need (formats, verification, a fallback)."""
         n_fmt = min(len(self.splits.screen), self.budget.format_size)
         formats = 2 * n_fmt * self.per_record if self.budget.formats and self.spec.output_schema is not None else 0
-        return formats + 3 * len(self.splits.test) * self.per_record
+        return formats + 2 * len(self.splits.test) * self.per_record  # the baseline and the winner
 
     def records_for(self, cand: ExampleCandidate, records: Sequence[Record]) -> list[Record]:
         """The records as the candidate's prompt needs them (per-request examples filled in)."""
@@ -250,12 +250,12 @@ class OptimizeRun:
         examples = select_examples(self.spec, self.splits.train, seed=0)
         base = ExampleCandidate(id="baseline", spec=self.spec, examples=list(examples), variant="original",
                                 strategy="baseline", k=len(examples), subset=self.spec.examples.selection)
-        needed = (len(self.splits.screen) + len(self.splits.certify)) * self.per_record + self.reserved_calls()
+        needed = len(self.splits.screen) * self.per_record + self.reserved_calls()
         if needed > self.budget.max_lm_calls:
             raise ConfigError(f"optimize budget: max_lm_calls: {self.budget.max_lm_calls} is too small for "
-                              f"{self.spec.name}: the baseline and the verification alone need up to {needed} LM "
-                              f"calls ({len(self.splits.dev)} dev, {len(self.splits.test)} test records); raise it "
-                              "or lower dev_size/test_size")
+                              f"{self.spec.name}: screening the baseline and the verification alone need up to "
+                              f"{needed} LM calls ({len(self.splits.screen)} screen, {len(self.splits.test)} test "
+                              "records); raise it or lower screen_size/test_size")
         self.baseline = base
         self.predict(base)
         if self.hit_rate is not None:

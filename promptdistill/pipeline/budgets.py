@@ -12,6 +12,7 @@ from typing import Any
 
 from promptdistill.distill.loop import DistillConfig
 from promptdistill.optimize.run import OptimizeBudget
+from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.presets import BUDGET_PRESETS
 from promptdistill.ttft.profile import ProfileConfig
 
@@ -64,7 +65,8 @@ def task_timeout_s(*max_minutes: float) -> float:
 
 
 def budget_preset(name: str) -> dict[str, Any]:
-    """The nightly flow's budget parameters for a preset: ``ttft_budget``, ``distill``, ``budget``.
+    """The nightly flow's budget parameters for a preset: ``ttft_budget``, ``distill``, ``budget``
+    and, where the preset sets it, ``selection``.
 
     Raises:
         ValueError: an unknown preset name.
@@ -77,9 +79,12 @@ def budget_preset(name: str) -> dict[str, Any]:
             "distill": DistillConfig(screen_size=16, dev_size=400, test_size=0, max_rounds=1, max_lm_calls=300,
                                      max_minutes=2.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
                                      finalists=2, race=False),
+            # Per-request (similar) examples are left out: they are not publishable as a static
+            # template, and screening them would only draw the trade-off table.
             "budget": OptimizeBudget(max_lm_calls=1600, max_minutes=4.0, screen_size=16, dev_size=400, test_size=200,
-                                     fewshot_counts=(0, 2, 4), similar_counts=(2,), fixed_subsets=1, max_variants=3,
+                                     fewshot_counts=(0, 2, 4), similar_counts=(), fixed_subsets=1, max_variants=3,
                                      feature_records=3, timing_records=2, format_size=8),
+            "selection": SelectionRule(finalists=2),
         }
     if name == "smoke":
         return {
@@ -91,5 +96,6 @@ def budget_preset(name: str) -> dict[str, Any]:
             "budget": OptimizeBudget(max_lm_calls=150, max_minutes=2.0, screen_size=4, dev_size=12, test_size=6,
                                      fewshot_counts=(0, 2), similar_counts=(), fixed_subsets=1, max_variants=2,
                                      feature_records=2, timing_records=1, formats=False, format_size=4),
+            "selection": SelectionRule(finalists=1, first_look=8),
         }
     raise ValueError(f"unknown budget preset {name!r}; known: {', '.join(BUDGET_PRESETS)}")

@@ -85,9 +85,10 @@ def publish_once(
     for version in reversed(registry.versions(name)[-lookback:]):
         record = registry.get_version(name, version)
         if record.provenance.get("run_key") == run_key and record.content_hash == chash:
-            for label in labels:
-                if not any(e.to_version == version for e in registry.history(name, label)):
-                    registry.set_label(name, label, version, reason=reason or "labels of an interrupted publish")
+            missing = [label for label in labels
+                       if not any(e.to_version == version for e in registry.history(name, label))]
+            if missing:  # one event, forward only: never moves a label back past a newer version
+                registry.set_labels(name, missing, version, reason=reason or "labels of an interrupted publish")
             return record, False
     parent = _current_version(registry, name)
     record = registry.publish(
