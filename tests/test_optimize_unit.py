@@ -503,9 +503,10 @@ def test_a_budget_too_small_for_baseline_and_verification_is_refused(triage):
 
     spec, _, _ = triage
     engine = FakeEngine(reply=_triage_reply)
-    # dev 10 (screen 5, certify 5) + formats 2 x 5 + verification 3 x 10 test records = 50 calls.
-    with pytest.raises(ConfigError, match=r"max_lm_calls: 30 is too small for ticket_triage: the baseline and the "
-                                          r"verification alone need up to 50 LM calls \(10 dev, 10 test records\)"):
+    # screen 5 + formats 2 x 5 + verification 2 x 10 test records (baseline and winner) = 35 calls.
+    with pytest.raises(ConfigError, match=r"max_lm_calls: 30 is too small for ticket_triage: screening the baseline "
+                                          r"and the verification alone need up to 35 LM calls \(5 screen, 10 test "
+                                          r"records\)"):
         optimize(engine, spec, ttft_model=ttft_model(), budget=OptimizeBudget(max_lm_calls=30, dev_size=10,
                                                                               test_size=10))
     assert engine.calls == 0
