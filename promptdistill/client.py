@@ -54,6 +54,7 @@ from promptdistill.registry.backend import StoreUnavailableError
 from promptdistill.registry.records import VersionRecord, parse_ref
 from promptdistill.registry.store import Registry
 from promptdistill.specs.render import placeholders, render_messages
+from promptdistill.specs.schema_from import request_schema
 
 __all__ = ["DEFAULT_SPECIAL_TOKENS", "SpecialTokenError", "StoreUnavailableError", "Template", "Templates"]
 
@@ -134,7 +135,7 @@ class Template:
 
     __slots__ = ("record", "name", "version", "content_hash", "inputs", "_system", "_user", "_required",
                  "_declared", "_schema", "_validator", "_response_format_json", "_sampling_json", "_max_tokens",
-                 "_markers")
+                 "_markers", "schema_from")
 
     def __init__(self, record: VersionRecord, *, markers: _Markers = _DEFAULT_MARKERS) -> None:
         content = record.content
@@ -152,16 +153,33 @@ class Template:
         self._validator = None
         if self._schema is not None:
             self._validator = jsonschema.validators.validator_for(self._schema)(self._schema)
+        self.schema_from: str | None = content.get("schema_from")
+        """The input that carries each request's reply schema (None: one schema for all)."""
         fmt = content.get("response_format", "json_schema" if self._schema is not None else "none")
+        # With schema_from the format is built per request, from that request's schema.
         response_format = None
-        if fmt == "json_schema":
-            response_format = {
-                "type": "json_schema",
-                "json_schema": {"name": _schema_name(self.name), "schema": self._schema, "strict": True},
-            }
-        self._response_format_json = json.dumps(response_format)
+        if fmt == "json_schema" and self.schema_from is None:
+            response_format = self._response_format_for(self._schema)
+        self._response_format_json = json.dumps(response_format if fmt == "json_schema" else None)
         self._sampling_json = json.dumps(dict(content.get("sampling") or {}))
         self._max_tokens: int | None = content.get("max_tokens")
+
+    def _response_format_for(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "json_schema", "json_schema": {"name": _schema_name(self.name), "schema": schema, "strict": True}}
+
+    def request_schema(self, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The reply's JSON Schema for this request: the template's, or the one its
+        ``schema_from`` input carries (a schema, or a function definition's parameters).
+
+        Raises:
+            InvalidReplyError: the ``schema_from`` input is missing or not a schema.
+        """
+        if self.schema_from is None:
+            return copy.deepcopy(self._schema)
+        try:
+            return request_schema(inputs.get(self.schema_from), where=f"{self.ref}: input {self.schema_from!r}")
+        except ValueError as e:
+            raise InvalidReplyError(str(e)) from None
 
     @property
     def ref(self) -> str:
@@ -243,18 +261,22 @@ class Template:
         if self._max_tokens is not None:
             body["max_tokens"] = self._max_tokens
         response_format = json.loads(self._response_format_json)
+        if self.schema_from is not None and self.record.content.get("response_format") == "json_schema":
+            response_format = self._response_format_for(self.request_schema(inputs))
         if response_format is not None:
             body["response_format"] = response_format
         body.update(overrides)
         return body
 
     # -------------------------------------------------------------------- reply
-    def parse(self, reply: str | bytes | Mapping[str, Any]) -> Any:
+    def parse(self, reply: str | bytes | Mapping[str, Any], inputs: Mapping[str, Any] | None = None) -> Any:
         """The reply's JSON, validated against the output schema.
 
         Args:
             reply: the reply text, or a whole chat-completion response (its first
                 choice's message content is used).
+            inputs: the request's inputs: needed with ``schema_from`` (the schema is
+                that request's).
 
         Returns:
             The parsed JSON value; the text itself if the template has no output schema.
@@ -263,13 +285,20 @@ class Template:
             InvalidReplyError: not JSON, or not matching the schema (with the path and reason).
         """
         text = _reply_text(reply, self.ref)
-        if self._validator is None:
+        validator = self._validator
+        if self.schema_from is not None:
+            if inputs is None:
+                raise InvalidReplyError(f"{self.ref}: the reply schema comes from input {self.schema_from!r}: "
+                                        "pass the request's inputs to parse()")
+            schema = self.request_schema(inputs)
+            validator = jsonschema.validators.validator_for(schema)(schema)
+        if validator is None:
             return text
         try:
             value = json.loads(text)
         except json.JSONDecodeError as e:
             raise InvalidReplyError(f"{self.ref}: reply is not valid JSON ({e}); reply: {_excerpt(text)}") from None
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
         if error is not None:
             path = "/".join(str(p) for p in error.absolute_path) or "(root)"
             raise InvalidReplyError(

@@ -44,7 +44,6 @@ def test_load_returns_the_documented_columns_in_file_order(tmp_path):
     [
         ('{"id": "b", "split": "dev", ', ":2: malformed JSON"),
         ('["not", "an", "object"]', ":2: (record): must be a JSON object"),
-        ('{"id": "b", "split": "dev", "inputs": {"q": "x"}}', ":2: expected: required field is missing"),
         ('{"id": "b", "inputs": {"q": "x"}, "expected": 1}', ":2: split: required field is missing"),
         ('{"id": "b", "split": "validation", "inputs": {"q": "x"}, "expected": 1}', ":2: split: unknown split 'validation'"),
         ('{"id": "a", "split": "dev", "inputs": {"q": "x"}, "expected": 1}', ":2: id: duplicate id 'a' (first on line 1)"),
@@ -80,8 +79,16 @@ def test_every_error_is_reported_not_just_the_first(tmp_path):
     with pytest.raises(SpecError) as info:
         load_dataset(path)
     errors = info.value.errors
-    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in errors] == ["1", "3", "4", "4", "4"]
-    assert "5 dataset errors" in str(info.value)
+    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in errors] == ["1", "3", "4", "4"]
+    assert "4 dataset errors" in str(info.value)
+
+
+def test_a_record_without_expected_is_label_free(tmp_path):
+    path = _write(tmp_path, [_rec("a"), '{"id": "b", "split": "dev", "inputs": {"q": "x"}}',
+                             '{"id": "c", "split": "test", "inputs": {"q": "y"}, "expected": null}'])
+    df = load_dataset(path)
+    assert df["expected"].tolist()[1:] == [None, None]
+    assert records(df, "dev")[-1] == {"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": None}
 
 
 def test_missing_and_empty_files(tmp_path):

@@ -41,6 +41,7 @@ from promptdistill.judges.calibration import equivalence_agreement
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.search.budget import Budget
 from promptdistill.search.racing import Candidate, RaceSettings, paired_mean, race, screen, select
+from promptdistill.search.references import fill_references
 from promptdistill.search.sequential import plan_records
 from promptdistill.search.splits import Splits, split_records
 from promptdistill.specs.model import Spec
@@ -122,15 +123,16 @@ class _Run:
 
     def __init__(self, engine: Engine, spec: Spec, config: DistillConfig, splits: Splits, examples: list,
                  judge_engine: Engine | None = None):
-        self.spec, self.config, self.splits, self.examples = spec, config, splits, examples
+        self.spec, self.config, self.examples = spec, config, examples
         self.meter = CallMeter(engine)
+        self.splits, self.references = fill_references(self.meter, spec, splits, seed=config.seed)
         judge_lm = self.meter if judge_engine is None else CallMeter(judge_engine)
         self.runner = JudgeRunner(judge_lm, seed=config.seed)
         self.max_drop = spec.slo.max_quality_drop if config.max_quality_drop is None else config.max_quality_drop
         self.settings = RaceSettings(margin=self.max_drop, alpha=config.alpha, finalists=config.finalists,
                                      first_look=config.first_look)
         self.per_record = judge_cost(spec, 1)
-        test_calls = 2 * judge_cost(spec, len(splits.test))
+        test_calls = 2 * judge_cost(spec, len(self.splits.test))
         self.budget = Budget(self.meter, max_calls=config.max_lm_calls, max_minutes=config.max_minutes,
                              reserved_calls=test_calls)
         self.candidates: list[DistillCandidate] = []

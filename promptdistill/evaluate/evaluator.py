@@ -32,7 +32,7 @@ from promptdistill.engine.base import Engine, GenerationRequest, validate_reply
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.specs.metrics import score_reply
 from promptdistill.specs.model import Spec
-from promptdistill.specs.prompt import spec_messages
+from promptdistill.specs.prompt import output_schema_for, spec_messages
 from promptdistill.specs.render import render_text
 
 __all__ = ["BATCH_TIMEOUT_S", "EvalItem", "EvalReport", "evaluate", "evaluate_many", "judge_cost"]
@@ -143,10 +143,10 @@ class EvalItem:
     """The baseline's replies to the same records, to compare with (answer_equivalence)."""
 
     def requests(self, seed: int) -> list[GenerationRequest]:
-        schema = self.spec.output_schema if self.constrained else None
         limit = self.max_tokens or self.spec.max_tokens or 256
         return [
-            GenerationRequest(messages=spec_messages(self.spec, r["inputs"], examples=self.examples), json_schema=schema,
+            GenerationRequest(messages=spec_messages(self.spec, r["inputs"], examples=self.examples),
+                              json_schema=output_schema_for(self.spec, r["inputs"]) if self.constrained else None,
                               max_tokens=limit, temperature=0.0, seed=seed, timeout_s=BATCH_TIMEOUT_S)
             for r in self.records
         ]
@@ -192,14 +192,15 @@ def evaluate_many(engine: Engine, items: Sequence[EvalItem], *, judge_runner: Ju
         start += len(batch)
         spec = item.spec
         replies = [res.text for res in chunk]
-        valid: list[bool | None] = [None] * len(replies)
-        if spec.output_schema is not None:
-            valid = [validate_reply(text, spec.output_schema)[1] is None for text in replies]
+        schemas = [output_schema_for(spec, r["inputs"]) for r in item.records]
+        valid = [None if schema is None else validate_reply(text, schema)[1] is None
+                 for text, schema in zip(replies, schemas)]
         reports.append(EvalReport(
             spec_name=spec.name,
             record_ids=[str(r["id"]) for r in item.records],
-            scores=[score_reply(spec.metric, text, r["expected"], output_schema=spec.output_schema)
-                    for text, r in zip(replies, item.records)],
+            scores=[score_reply(spec.metric, text, r["expected"], output_schema=schema, inputs=r["inputs"],
+                                record_id=r["id"], where=spec.where)
+                    for text, r, schema in zip(replies, item.records, schemas)],
             replies=replies,
             valid=valid,
             completion_tokens=[res.completion_tokens for res in chunk],

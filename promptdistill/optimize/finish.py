@@ -232,7 +232,7 @@ def finish(run: OptimizeRun) -> OptimizationResult:
         warm_share=run.warm_share, warm_share_source=run.warm_share_source, ttft_resolution=run.resolution_rel,
         dev_completion_tokens=list(fmt_report.completion_tokens), dev_truncated=list(fmt_report.truncated),
         ttft_kind=run.rule.ttft, slo_ttft_ms=run.spec.slo.ttft_ms, max_quality_drop=run.max_drop,
-        splits=run.splits.sizes(),
+        splits=run.splits.sizes(), references=dict(run.references),
     )
 
 

@@ -15,6 +15,7 @@ for the CLI and the flows).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,6 +102,8 @@ class OptimizationResult:
     slo_ttft_ms: float | None = None
     max_quality_drop: float = 0.0
     splits: dict[str, int] = field(default_factory=dict)
+    references: dict[str, Any] = field(default_factory=dict)
+    """Label-free records: the baseline's reply each was scored against, by record id."""
 
     # ------------------------------------------------------------------ figures
     def metrics(self) -> dict[str, Any]:
@@ -201,6 +204,7 @@ class OptimizationResult:
             "plan_text": self.plan.sentence() if self.plan else None, "warm_share": self.warm_share,
             "warm_share_source": self.warm_share_source, "ttft_resolution": self.ttft_resolution,
             "ttft_kind": self.ttft_kind, "max_quality_drop": self.max_quality_drop, "splits": self.splits,
+            "label_free_records": len(self.references),
             "provenance": self.provenance,
         })
 
@@ -213,6 +217,10 @@ class OptimizationResult:
             if name != "candidates" and frame.empty:
                 continue
             paths[name] = atomic_write(folder / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
+        if self.references:  # what label-free records were scored against, published with the run
+            refs = pd.DataFrame({"record_id": list(self.references),
+                                 "reference": [json.dumps(v, ensure_ascii=False) for v in self.references.values()]})
+            paths["references"] = atomic_write(folder / "references.parquet", lambda p: refs.to_parquet(p, index=False))
         paths["result"] = write_json(folder / "result.json", self.to_json())
         paths["plot"] = atomic_write(folder / "pareto.png", lambda p: plot_pareto(self, p))
         return paths

@@ -41,6 +41,7 @@ from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, exp
 from promptdistill.optimize.variants import instruction_variants
 from promptdistill.search.budget import Budget
 from promptdistill.search.racing import Candidate, RaceSettings, race, screen, select
+from promptdistill.search.references import fill_references
 from promptdistill.search.sequential import Plan, plan_records
 from promptdistill.search.splits import split_records
 from promptdistill.specs.model import Spec
@@ -179,8 +180,9 @@ class OptimizeRun:
         self.resolution_rel = ttft_model.relative_error
         self.settings = RaceSettings(margin=self.max_drop, alpha=rule.alpha, finalists=rule.finalists,
                                      first_look=rule.first_look)
-        self.splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
-                                    test_size=budget.test_size)
+        splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
+                               test_size=budget.test_size)
+        self.splits, self.references = fill_references(self.meter, spec, splits, seed=seed)
         self.similar = SimilarExamples(spec, self.splits.train).fit() if self.splits.train else None
         self.search_budget = Budget(self.meter, max_calls=budget.max_lm_calls, max_minutes=budget.max_minutes,
                                     reserved_calls=self.reserved_calls(),

@@ -62,7 +62,8 @@ _DIGITS = re.compile(r"[0-9]{1,12}")
 _INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ACTIONS = ("set", "rollback")
 
-CONTENT_KEYS = ("name", "system", "user", "inputs", "output_schema", "response_format", "max_tokens", "sampling")
+CONTENT_KEYS = ("name", "system", "user", "inputs", "output_schema", "schema_from", "response_format", "max_tokens",
+                "sampling")
 """Every key template content may hold."""
 
 
@@ -213,8 +214,14 @@ def check_content(content: Any, where: str = "content", *, name: str | None = No
     fmt = content.get("response_format", "json_schema" if schema is not None else "none")
     if fmt not in _RESPONSE_FORMATS:
         raise RegistryError(f"{where}.response_format: must be one of {_RESPONSE_FORMATS}, got {fmt!r}")
-    if fmt == "json_schema" and schema is None:
-        raise RegistryError(f"{where}.response_format: 'json_schema' needs an output_schema")
+    schema_from = content.get("schema_from")
+    if schema_from is not None:
+        if schema_from not in inputs:
+            raise RegistryError(f"{where}.schema_from: must name one of the inputs {inputs}, got {schema_from!r}")
+        if schema is not None:
+            raise RegistryError(f"{where}.schema_from: give output_schema or schema_from, not both")
+    if fmt == "json_schema" and schema is None and schema_from is None:
+        raise RegistryError(f"{where}.response_format: 'json_schema' needs an output_schema or a schema_from input")
     max_tokens = content.get("max_tokens")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise RegistryError(f"{where}.max_tokens: must be a positive integer or None, got {max_tokens!r}")

@@ -30,6 +30,8 @@ import jsonschema
 import regex
 import yaml
 
+from promptdistill.core.errors import SpecError
+from promptdistill.specs.plugins import load_function
 from promptdistill.specs.render import TemplateSyntaxError, check_template, mask_escapes, placeholders
 from promptdistill.specs.text import WORD
 
@@ -304,12 +306,30 @@ def _output_metric_errors(spec: "Spec") -> list[str]:
             errors.append(f"{_field(['output', 'schema', *e.absolute_path])}: not a valid JSON Schema: {e.message}")
     if spec.max_tokens is not None and spec.max_tokens < 1:
         errors.append(f"output.max_tokens: must be at least 1, got {spec.max_tokens}")
+    if spec.schema_from is not None:
+        if spec.schema_from not in spec.inputs:
+            errors.append(f"output.schema_from: {spec.schema_from!r} is not a declared input "
+                          f"({', '.join(spec.inputs)})")
+        if spec.output_schema is not None:
+            errors.append("output.schema_from: give output.schema (one schema) or output.schema_from "
+                          "(a schema per request), not both")
     m = spec.metric
-    kinds = ("exact", "json_field", "numeric", "contains", "judge_rubric")
+    kinds = ("exact", "json_field", "numeric", "contains", "judge_rubric", "python")
     if m.kind not in kinds:
         errors.append(f"metric.kind: must be one of {', '.join(kinds)}, got {m.kind!r}")
     if m.kind == "judge_rubric" and not (m.rubric and m.rubric.strip()):
         errors.append("metric.rubric: a judge_rubric metric needs a rubric (what the judge looks for)")
+    if m.kind == "python":
+        if not m.function:
+            errors.append("metric.function: a python metric needs its function, 'module:callable' "
+                          "(for example 'metrics.args:score' for metrics/args.py in the project)")
+        else:
+            try:
+                load_function(m.function, m.project_dir)
+            except SpecError as e:
+                errors.append(str(e))
+    elif m.function is not None:
+        errors.append("metric.function: only a python metric calls a function; set metric.kind: python")
     if m.tolerance < 0:
         errors.append(f"metric.tolerance: must be at least 0, got {m.tolerance}")
     if m.pattern is not None:

@@ -41,8 +41,10 @@ __all__ = ["MAX_DEPTH", "SPLITS", "dataset_for", "dataset_hash", "load_dataset",
 SPLITS = ("train", "dev", "test")
 MAX_DEPTH = 64
 """Deepest nesting of objects and lists a record may have."""
-_FIELDS = ("id", "split", "inputs", "expected")
-_OPTIONAL = ("meta",)
+_FIELDS = ("id", "split", "inputs")
+_OPTIONAL = ("expected", "meta")
+"""A record without ``expected`` (or with ``null``) is label-free: the search scores
+replies against the baseline prompt's own reply (see :mod:`promptdistill.evaluate.references`)."""
 _MAX_SHOWN = 20
 _CACHE: dict[tuple, pd.DataFrame] = {}
 
@@ -138,7 +140,8 @@ def _parse(path: Path, declared: Sequence[str] | None) -> tuple[list[dict[str, A
         if problems:
             errors += [f"{path}:{n}: {p}" for p in problems]
             continue
-        rows.append({"id": rec["id"], "split": rec["split"], "inputs": rec["inputs"], "expected": rec["expected"], "line": n})
+        rows.append({"id": rec["id"], "split": rec["split"], "inputs": rec["inputs"], "expected": rec.get("expected"),
+                     "line": n})
     if not rows and not errors:
         errors.append(f"{path}: no records")
     return rows, errors
@@ -179,7 +182,9 @@ def load_dataset(path: str | os.PathLike[str], *, declared_inputs: Iterable[str]
     rows, errors = _parse(path, declared)
     if errors:
         _raise(errors)
-    df = pd.DataFrame(rows, columns=[*_FIELDS, "line"])
+    df = pd.DataFrame(rows, columns=[*_FIELDS, "expected", "line"])
+    # pandas reads a missing value as NaN; a label-free record's expected is None.
+    df["expected"] = pd.Series([r["expected"] for r in rows], index=df.index, dtype=object)
     if key is not None:
         _CACHE[key] = df
     return df

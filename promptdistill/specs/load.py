@@ -74,10 +74,11 @@ def _dataset_errors(spec: Spec) -> list[str]:
         return list(getattr(e, "errors", [str(e)]))
     errors = []
     for rec_id, line, expected in zip(df["id"], df["line"], df["expected"]):
-        problem = expected_error(spec.metric, expected)
+        problem = None if expected is None else expected_error(spec.metric, expected)  # None: label-free
         if problem:
             errors.append(f"{spec.dataset}:{line}: expected: {problem} (record {rec_id!r})")
-    train = records(df, "train")
+    # Few-shot examples show the answer: only labelled train records can be examples.
+    train = [r for r in records(df, "train") if r["expected"] is not None]
     for split, why in (("dev", "the optimizer scores candidates on it"), ("test", "the winner is verified on it")):
         if not (df["split"] == split).any():
             errors.append(f"{spec.dataset}: split: no {split} records ({why})")
@@ -95,7 +96,8 @@ def _dataset_errors(spec: Spec) -> list[str]:
         ids = {r["id"] for r in train}
         errors += [f"{spec.where}: template.system.examples.ids: {i!r} is not a train record of {spec.dataset}" for i in ex.ids if i not in ids]
     elif ex.count > len(train):
-        errors.append(f"{spec.where}: template.system.examples.count: {ex.count} examples but {spec.dataset} has {len(train)} train records")
+        errors.append(f"{spec.where}: template.system.examples.count: {ex.count} examples but {spec.dataset} has "
+                      f"{len(train)} labelled train records")
     return errors
 
 

@@ -1,7 +1,8 @@
 """Scoring a reply against the expected output, as tolerant as a careful human grader.
 
 ``score_reply`` returns a score in [0, 1], or None for ``judge_rubric`` (the judge
-scores those). It never raises on a reply: garbage scores 0.
+scores those). It never raises on a reply: garbage scores 0. A ``python`` metric is the
+project's own function (:mod:`promptdistill.specs.plugins`); its failures are errors.
 
 Kinds:
 
@@ -39,6 +40,7 @@ from typing import Any, Mapping
 import regex
 
 from promptdistill.specs.model import MetricSpec
+from promptdistill.specs.plugins import MetricFunctionError, check_score, load_function
 
 __all__ = ["PATTERN_TIMEOUT_S", "expected_error", "extract_answer", "last_number", "parse_reply", "pattern_matches",
            "score_reply"]
@@ -193,7 +195,8 @@ def _pattern_ok(pattern: str | None, answer: Any) -> bool:
 
 
 def score_reply(
-    metric: MetricSpec, reply_text: Any, expected: Any, *, output_schema: Mapping[str, Any] | None = None
+    metric: MetricSpec, reply_text: Any, expected: Any, *, output_schema: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, Any] | None = None, record_id: Any = None, where: str = "spec",
 ) -> float | None:
     """Score one reply in [0, 1] (None for ``judge_rubric``). Never raises on the reply.
 
@@ -203,6 +206,12 @@ def score_reply(
         expected: the dataset record's ``expected``.
         output_schema: the spec's output schema; a schema with exactly one property
             names the compared field when ``metric.field`` is unset.
+        inputs, record_id, where: the record's inputs (a python metric gets them), its id
+            and the spec's file, for a python metric's errors.
+
+    Raises:
+        MetricFunctionError: a python metric raised or returned something that is not a
+            score: the project's function is wrong, and saying so beats scoring 0.
 
     Example:
         >>> score_reply(MetricSpec(kind="exact", field="label"), '{"label": " Billing"}', {"label": "billing"})
@@ -210,12 +219,26 @@ def score_reply(
     """
     if metric.kind == "judge_rubric":
         return None
+    if metric.kind == "python":
+        return _score_with_function(metric, reply_text, expected, inputs or {}, record_id, where)
     if not isinstance(reply_text, str):
         return 0.0
     try:
         return _score(metric, reply_text, expected, output_schema)
     except (RecursionError, ValueError, TypeError, OverflowError):
         return 0.0
+
+
+def _score_with_function(metric: MetricSpec, reply: Any, expected: Any, inputs: Mapping[str, Any], record_id: Any,
+                         where: str) -> float | None:
+    fn = load_function(metric.function, metric.project_dir)
+    text = reply if isinstance(reply, str) else ""
+    try:
+        value = fn(text, parse_reply(text), expected, dict(inputs))
+    except Exception as e:  # noqa: BLE001 - the project's code: any failure is reported as its own
+        raise MetricFunctionError(f"{where}: metric.function {metric.function}: record {record_id!r}: raised "
+                                  f"{type(e).__name__}: {e}") from None
+    return check_score(value, function=metric.function, where=where, record_id=record_id)
 
 
 def _score(metric: MetricSpec, reply: str, expected: Any, output_schema: Mapping[str, Any] | None) -> float:
@@ -255,6 +278,8 @@ def _score(metric: MetricSpec, reply: str, expected: Any, output_schema: Mapping
 def expected_error(metric: MetricSpec, expected: Any) -> str | None:
     """Why ``expected`` cannot be scored by ``metric`` (None when it can)."""
     kind = metric.kind
+    if kind == "python":
+        return None  # the project's function decides what an expected value is
     if kind == "judge_rubric":
         return None if expected is not None else "a judge needs a reference (got null)"
     if kind == "json_field":

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 from promptdistill.core.errors import SpecError
 from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.checks import spec_errors
+from promptdistill.specs.plugins import source_hash
 
 __all__ = ["ExamplesConfig", "MetricSpec", "Slo", "Spec", "rules_block", "spec_error", "spec_from_dict"]
 
@@ -75,7 +76,7 @@ class MetricSpec:
     """How a reply is scored against the expected output (see :mod:`promptdistill.specs.metrics`)."""
 
     kind: str = "exact"
-    """exact | json_field | numeric | contains | judge_rubric."""
+    """exact | json_field | numeric | contains | judge_rubric | python."""
     field: str | None = None
     """exact/numeric/contains: compare this field of the JSON reply (and of ``expected``
     when it is an object) instead of the whole reply."""
@@ -89,9 +90,21 @@ class MetricSpec:
     """A regular expression the whole (stripped) answer must match, else the score is 0."""
     rubric: str | None = None
     """judge_rubric: what the judge looks for (scored by the judge, not here)."""
+    function: str | None = None
+    """python: the project's scoring function, ``"module:callable"`` (see :mod:`promptdistill.specs.plugins`)."""
+    project_dir: str | None = dataclasses.field(default=None, compare=False)
+    """python: where ``function``'s module is looked up first (the folder above ``prompts/``).
+    Not part of the spec's content: moving a project does not change its specs."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.fields))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set, in the shape of the YAML file."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v != () and k != "project_dir"}
+        if "fields" in out:
+            out["fields"] = list(out["fields"])
+        return out
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,9 @@ class Spec:
     constraints: tuple[str, ...] = ()
     examples: ExamplesConfig = field(default_factory=ExamplesConfig)
     output_schema: dict[str, Any] | None = None
+    schema_from: str | None = None
+    """The input whose value is the reply's JSON Schema for that request (a schema, or a
+    function definition whose ``parameters`` are one): per-request constrained decoding."""
     max_tokens: int | None = None
     metric: MetricSpec = field(default_factory=MetricSpec)
     slo: Slo = field(default_factory=Slo)
@@ -172,23 +188,27 @@ class Spec:
             system["context"] = self.context
         system["constraints"] = list(self.constraints)
         system["examples"] = examples
-        metric = {k: v for k, v in dataclasses.asdict(self.metric).items() if v is not None and v != ()}
-        if "fields" in metric:
-            metric["fields"] = list(metric["fields"])
+        output: dict[str, Any] = {"schema": self.output_schema, "max_tokens": self.max_tokens}
+        if self.schema_from is not None:
+            output["schema_from"] = self.schema_from
         return {
             "name": self.name,
             "description": self.description,
             "dataset": self.dataset.name,
             "inputs": {n: self.input_descriptions.get(n, "") for n in self.inputs},
             "template": {"system": system, "user": self.user},
-            "output": {"schema": self.output_schema, "max_tokens": self.max_tokens},
-            "metric": metric,
+            "output": output,
+            "metric": self.metric.to_dict(),
             "slo": {"ttft_ms": self.slo.ttft_ms, "max_quality_drop": self.slo.max_quality_drop},
         }
 
     def spec_hash(self) -> str:
-        """sha256 of the canonical JSON of :meth:`to_dict` (the file's content, not its path)."""
-        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
+        """sha256 of the canonical JSON of :meth:`to_dict` (the file's content, not its path),
+        and of a python metric's source: a changed metric is a changed spec."""
+        data = self.to_dict()
+        if self.metric.kind == "python" and self.metric.function:
+            data["metric_source_sha256"] = source_hash(self.metric.function, self.metric.project_dir)
+        return hashlib.sha256(canonical_json(data).encode()).hexdigest()
 
 
 def rules_block(constraints: Sequence[str]) -> str:
@@ -213,7 +233,8 @@ def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = 
     metric = dict(data["metric"])
     slo = data.get("slo") or {}
     src = Path(source_path) if source_path else None
-    datasets_dir = (src.parent.parent if src else Path(".")) / "datasets"
+    project = src.parent.parent if src else Path(".")
+    datasets_dir = project / "datasets"
     return Spec(
         name=data["name"],
         description=data["description"],
@@ -232,8 +253,9 @@ def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = 
         ),
         user=tmpl["user"],
         output_schema=out.get("schema"),
+        schema_from=out.get("schema_from"),
         max_tokens=out.get("max_tokens"),
-        metric=MetricSpec(**{k: v for k, v in metric.items() if v is not None}),
+        metric=MetricSpec(**{k: v for k, v in metric.items() if v is not None}, project_dir=str(project.resolve())),
         slo=Slo(ttft_ms=slo.get("ttft_ms"), max_quality_drop=slo.get("max_quality_drop", 0.02)),
         source_path=src,
     )

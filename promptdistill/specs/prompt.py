@@ -15,6 +15,7 @@ from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.datasets import dataset_for, records
 from promptdistill.specs.model import Spec, rules_block
 from promptdistill.specs.render import placeholders, render_messages, render_text
+from promptdistill.specs.schema_from import request_schema
 
 __all__ = [
     "build_system",
@@ -24,6 +25,7 @@ __all__ = [
     "examples_for",
     "format_example",
     "select_examples",
+    "output_schema_for",
     "spec_messages",
     "template_content",
 ]
@@ -54,7 +56,7 @@ def select_examples(
         raise ValueError(f"count must be at least 0, got {n}")
     if n == 0:
         return []
-    pool = list(train_records)
+    pool = [r for r in train_records if r.get("expected") is not None]  # an example shows its answer
     rule = spec.examples.selection
     if rule == "fixed":
         by_id = {r["id"]: r for r in pool}
@@ -141,6 +143,21 @@ def check_inputs(spec: Spec, inputs: Mapping[str, Any]) -> None:
         raise SpecError(f"{spec.where}: inputs: no value for {missing} (the spec declares {list(spec.inputs)})")
 
 
+def output_schema_for(spec: Spec, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The reply's JSON Schema for one request: the spec's, or the one its ``schema_from``
+    input carries (see :mod:`promptdistill.specs.schema_from`).
+
+    Raises:
+        SpecError: the request's schema input is not a schema or a function definition.
+    """
+    if spec.schema_from is None:
+        return spec.output_schema
+    try:
+        return request_schema(inputs.get(spec.schema_from), where=f"inputs.{spec.schema_from}")
+    except ValueError as e:
+        raise SpecError(f"{spec.where}: {e}") from None
+
+
 def spec_messages(spec: Spec, inputs: Mapping[str, Any], *, examples: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, str]]:
     """Chat messages for one request: the one rendering path (see the module docstring)."""
     check_inputs(spec, inputs)
@@ -158,19 +175,24 @@ def template_content(
     """The publishable template: ``render_messages(c["system"], c["user"], inputs)``
     reproduces ``spec_messages(spec, inputs, examples=examples)`` exactly.
 
-    ``response_format`` is 'json_schema' (constrained decoding to ``output_schema``) or
-    'none'; a spec without an output schema always gets 'none'.
+    ``response_format`` is 'json_schema' (constrained decoding to ``output_schema``, or to
+    each request's schema with ``schema_from``) or 'none'; a spec without either always
+    gets 'none'.
     """
     if response_format not in ("json_schema", "none"):
         raise ValueError(f"response_format must be 'json_schema' or 'none', got {response_format!r}")
-    return {
+    structured = spec.output_schema is not None or spec.schema_from is not None
+    content = {
         "name": spec.name,
         "system": build_system(spec, examples),
         "user": spec.user,
         "inputs": list(spec.inputs),
         "output_schema": spec.output_schema,
-        "response_format": response_format if spec.output_schema is not None else "none",
+        "response_format": response_format if structured else "none",
         "max_tokens": max_tokens if max_tokens is not None else spec.max_tokens,
         "sampling": dict(sampling) if sampling is not None else {"temperature": 0.0},
     }
+    if spec.schema_from is not None:
+        content["schema_from"] = spec.schema_from
+    return content
 
