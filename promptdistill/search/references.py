@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from promptdistill.engine.base import Engine
-from promptdistill.evaluate.evaluator import evaluate
+from promptdistill.evaluate.evaluator import EvalItem
 from promptdistill.search.splits import Splits
 from promptdistill.specs.metrics import parse_reply
 from promptdistill.specs.model import Spec
@@ -48,8 +48,9 @@ def fill_references(engine: Engine, spec: Spec, splits: Splits, *, seed: int = 0
     if not free:
         return splits, {}
     examples = select_examples(spec, splits.train, seed=0)  # the spec as served
-    report = evaluate(engine, spec, free, examples=examples, seed=seed)
-    refs = {str(r["id"]): _reference(spec, reply) for r, reply in zip(free, report.replies)}
+    # Generated, not scored: there is nothing to score them against yet.
+    results = engine.generate(EvalItem(spec, free, examples).requests(seed))
+    refs = {str(r["id"]): _reference(spec, result.text) for r, result in zip(free, results)}
 
     def filled(part: Sequence[Record]) -> list[Record]:
         return [{**r, "expected": refs[str(r["id"])], "reference": "baseline"} if r.get("expected") is None else r

@@ -1,0 +1,180 @@
+"""A user's own project, pure parts: a python metric from the project, per-request output
+schemas, label-free records, and the published template with a per-request schema.
+
+The end-to-end run (an installed package, the nightly from a folder outside this
+repository, a judge server) is tests/test_user_project_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fakes import FakeEngine
+from promptdistill.core.errors import SpecError
+from promptdistill.evaluate.evaluator import evaluate
+from promptdistill.search.references import fill_references
+from promptdistill.search.splits import split_records
+from promptdistill.specs.datasets import write_records
+from promptdistill.specs.load import load_spec, validate_spec_file
+from promptdistill.specs.plugins import MetricFunctionError
+from promptdistill.specs.prompt import output_schema_for, template_content
+
+FUNCTION = {"name": "set_alarm", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["time"],
+    "properties": {"time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
+                   "label": {"type": "string"}}}}
+
+METRIC = '''
+def score(reply_text, parsed, expected, inputs):
+    """Each argument matches any of the allowed values; optional ones may be omitted."""
+    if not isinstance(parsed, dict):
+        return 0.0
+    allowed = expected["allowed"]
+    required = expected.get("required", [])
+    if any(name not in parsed for name in required):
+        return 0.0
+    if any(name not in allowed or value not in allowed[name] for name, value in parsed.items()):
+        return 0.0
+    return 1.0
+'''
+
+
+def make_project(root: Path, *, metric_source: str = METRIC, labelled: bool = True) -> Path:
+    (root / "prompts").mkdir(parents=True)
+    (root / "metrics").mkdir()
+    (root / "metrics" / "calls.py").write_text(metric_source)
+    spec = {
+        "name": "tool_call", "description": "Turn a request into the arguments of one function call.",
+        "dataset": "tool_call.jsonl",
+        "inputs": {"request": "What the user asked.", "function": "The function to call (JSON)."},
+        "template": {"system": {"instruction": "Reply with the arguments of the function call as JSON. "
+                                               "Use only the function's parameters."},
+                     "user": "Function: {function}\nRequest: {request}"},
+        "output": {"schema_from": "function", "max_tokens": 48},
+        "metric": {"kind": "python", "function": "metrics.calls:score"},
+        "slo": {"max_quality_drop": 0.1},
+    }
+    (root / "prompts" / "tool_call.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    records = []
+    for i in range(40):
+        split = "train" if i < 8 else "dev" if i < 28 else "test"
+        hour = f"{6 + i % 12:02d}:{(i * 7) % 60:02d}"
+        rec = {"id": f"tc-{i:03d}", "split": split,
+               "inputs": {"request": f"wake me at {hour}", "function": json.dumps(FUNCTION)}}
+        if labelled or split == "train":
+            rec["expected"] = {"allowed": {"time": [hour], "label": ["wake up", "alarm"]}, "required": ["time"]}
+        records.append(rec)
+    write_records(root / "datasets" / "tool_call.jsonl", records)
+    return root / "prompts" / "tool_call.yaml"
+
+
+def reply_from_request(req):
+    """A scripted model: it reads the hour out of the request (and sometimes adds a label)."""
+    user = req.chat()[-1]["content"]
+    hour = user.rsplit("wake me at ", 1)[-1].strip()
+    return json.dumps({"time": hour} if int(hour[-1]) % 2 else {"time": hour, "label": "alarm"})
+
+
+def test_a_python_metric_from_the_project_scores_replies(tmp_path):
+    spec = load_spec(make_project(tmp_path))
+    assert validate_spec_file(spec.source_path) == []
+    splits = split_records(spec, seed=0, screen_size=4, dev_size=20, test_size=12)
+    report = evaluate(FakeEngine(reply=reply_from_request), spec, splits.screen)
+    assert report.scores == [1.0] * 4
+    wrong = evaluate(FakeEngine(reply=lambda req: json.dumps({"time": "25:99"})), spec, splits.screen)
+    assert wrong.scores == [0.0] * 4
+
+
+def test_the_per_request_schema_constrains_and_validates_each_request(tmp_path):
+    spec = load_spec(make_project(tmp_path))
+    seen = []
+
+    def reply(req):
+        seen.append(req.schema)
+        return reply_from_request(req)
+
+    record = split_records(spec, seed=0, screen_size=4, dev_size=20, test_size=12).screen[0]
+    assert output_schema_for(spec, record["inputs"]) == FUNCTION["parameters"]
+    report = evaluate(FakeEngine(reply=reply), spec, [record])
+    assert seen == [FUNCTION["parameters"]] and report.valid == [True]
+    bad = evaluate(FakeEngine(reply=lambda req: '{"when": "7"}'), spec, [record])
+    assert bad.valid == [False]
+
+
+def test_a_metric_that_fails_names_the_spec_the_function_and_the_record(tmp_path):
+    spec = load_spec(make_project(tmp_path, metric_source="def score(reply_text, parsed, expected, inputs):\n"
+                                                           "    return expected['missing']\n"))
+    record = split_records(spec, seed=0, screen_size=4, dev_size=20, test_size=12).screen[0]
+    with pytest.raises(MetricFunctionError, match=rf"tool_call.yaml: metric.function metrics.calls:score: record "
+                                                  rf"'{record['id']}': raised KeyError"):
+        evaluate(FakeEngine(reply=reply_from_request), spec, [record])
+
+
+def test_a_metric_that_returns_no_score_is_an_error_not_a_zero(tmp_path):
+    spec = load_spec(make_project(tmp_path, metric_source="def score(*args):\n    return 'yes'\n"))
+    record = split_records(spec, seed=0, screen_size=4, dev_size=20, test_size=12).screen[0]
+    with pytest.raises(MetricFunctionError, match="returned 'yes'; a score must be a number in \\[0, 1\\] or None"):
+        evaluate(FakeEngine(reply=reply_from_request), spec, [record])
+
+
+def test_spec_validation_checks_the_function_exists(tmp_path):
+    path = make_project(tmp_path)
+    (tmp_path / "metrics" / "calls.py").write_text("def other(*args):\n    return 1.0\n")
+    with pytest.raises(SpecError, match="metrics/calls.py has no callable 'score'"):
+        load_spec(path)
+
+
+def test_the_metric_source_is_part_of_the_spec_hash(tmp_path):
+    path = make_project(tmp_path)
+    before = load_spec(path).spec_hash()
+    (tmp_path / "metrics" / "calls.py").write_text(METRIC + "\n# a changed rule\n")
+    assert load_spec(path).spec_hash() != before
+
+
+def test_label_free_records_are_scored_against_the_baselines_reply(tmp_path):
+    spec = load_spec(make_project(tmp_path, labelled=False))
+    splits = split_records(spec, seed=0, screen_size=4, dev_size=20, test_size=12)
+    assert all(r["expected"] is None for r in splits.dev + splits.test)
+    engine = FakeEngine(reply=reply_from_request)
+    filled, refs = fill_references(engine, spec, splits)
+    assert len(refs) == 32 and engine.calls == 32  # one batch, every label-free record once
+    record = filled.screen[0]
+    assert record["reference"] == "baseline" and record["expected"] == json.loads(reply_from_request_for(record))
+    # The metric compares a candidate with the baseline's reply: here a project metric that
+    # asks for the same arguments.
+    (tmp_path / "metrics" / "calls.py").write_text("def score(reply_text, parsed, expected, inputs):\n"
+                                                    "    return float(parsed == expected)\n")
+    spec = load_spec(spec.source_path)
+    agree = evaluate(FakeEngine(reply=reply_from_request), spec, filled.screen)
+    differ = evaluate(FakeEngine(reply=lambda req: json.dumps({"time": "00:00"})), spec, filled.screen)
+    assert agree.mean == 1.0 and differ.mean == 0.0
+
+
+def reply_from_request_for(record):
+    class _Req:
+        def chat(self):
+            return [{"role": "user", "content": f"Request: {record['inputs']['request']}"}]
+
+    return reply_from_request(_Req())
+
+
+def test_the_published_template_builds_the_response_format_per_request(tmp_path):
+    from promptdistill.client import Templates
+    from promptdistill.registry.store import Registry
+
+    spec = load_spec(make_project(tmp_path))
+    Registry(str(tmp_path / "registry")).publish("tool_call", template_content(spec), labels=["production"])
+    t = Templates(str(tmp_path / "registry")).get("tool_call@production")
+    inputs = {"request": "wake me at 07:30", "function": FUNCTION}
+    body = t.request_body(inputs, model="m")
+    assert body["response_format"]["json_schema"]["schema"] == FUNCTION["parameters"]
+    other = {**FUNCTION, "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    assert t.request_body({**inputs, "function": json.dumps(other)}, model="m")["response_format"]["json_schema"][
+        "schema"] == other["parameters"]
+    assert t.parse('{"time": "07:30"}', inputs) == {"time": "07:30"}
+    with pytest.raises(Exception, match="does not match the output schema"):
+        t.parse('{"time": "7.30pm"}', inputs)
