@@ -116,3 +116,32 @@ def test_cli_exits_2_naming_the_file_and_key(tmp_path, capsys, monkeypatch):
     assert f"ConfigError: {path}: paths.registry: foo://x: unknown storage protocol 'foo'" in capsys.readouterr().err
     assert main(["templates", "list", "--root", "foo://x"]) == 2
     assert "ConfigError: --root: foo://x: unknown storage protocol 'foo'" in capsys.readouterr().err
+
+
+def test_a_judge_section_configures_a_separate_judge_engine(tmp_path):
+    from promptdistill.core.config import load_settings
+
+    assert load_settings(env={}).judge is None  # default: the task engine judges
+    config = tmp_path / "promptdistill.toml"
+    config.write_text('[engine]\nbackend = "local"\n\n[judge]\nbackend = "server"\n'
+                      'server_urls = ["http://127.0.0.1:9000/v1"]\nserved_model_name = "big-judge"\n')
+    settings = load_settings(config, env={})
+    assert settings.engine.backend == "local"
+    assert (settings.judge.backend, settings.judge.server_urls, settings.judge.served_model_name) == (
+        "server", ("http://127.0.0.1:9000/v1",), "big-judge")
+    env = {"PROMPTDISTILL_JUDGE_SERVED_MODEL_NAME": "other"}
+    assert load_settings(config, env=env).judge.served_model_name == "other"
+
+
+def test_a_bad_judge_key_names_the_judge_section(tmp_path):
+    import pytest
+
+    from promptdistill.core.config import load_settings
+    from promptdistill.core.errors import ConfigError
+
+    config = tmp_path / "promptdistill.toml"
+    config.write_text('[judge]\nbackend = "gpu"\n')
+    with pytest.raises(ConfigError, match=r"promptdistill.toml: judge.backend: must be one of"):
+        load_settings(config, env={})
+    with pytest.raises(ConfigError, match=r"\$PROMPTDISTILL_JUDGE_TIMEOUT_S: judge.timeout_s"):
+        load_settings(env={"PROMPTDISTILL_JUDGE_TIMEOUT_S": "soon"})

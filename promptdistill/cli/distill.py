@@ -49,8 +49,8 @@ def _config(args: argparse.Namespace) -> Any:
 def _distill(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
     from promptdistill.distill import distill
-    from promptdistill.engine import load_engine
-    from promptdistill.engine.cache import CachedEngine
+    from promptdistill.pipeline.session import open_engines
+    from promptdistill.pipeline.stages import cached
     from promptdistill.specs.load import load_spec
 
     settings = load_settings(args.config)
@@ -58,15 +58,16 @@ def _distill(args: argparse.Namespace) -> int:
     config = _config(args)
     _log_progress()
     out = args.out or settings.state_dir / "distill" / f"{spec.name}-seed{config.seed}"
-    with load_engine(settings.engine) as engine:
-        lm = engine if args.no_cache else CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
+    cache = None if args.no_cache else settings.state_dir / "lm_cache.sqlite"
+    with open_engines(settings) as (engine, judge_engine):
         print(f"distilling {spec.name} on {engine.identity.model} (budget {config.max_lm_calls} LM calls, "
               f"{config.max_minutes:g} min; dev {config.dev_size} (screen {config.screen_size}), "
-              f"test {config.test_size}, alpha {config.alpha:g})", file=sys.stderr)
-        result = distill(lm, spec, config=config)
-        if isinstance(lm, CachedEngine):
-            print(f"LM cache: {lm.real_calls} real calls, {lm.cache_hits} cache hits", file=sys.stderr)
-            lm.close()
+              f"test {config.test_size}, alpha {config.alpha:g}"
+              + (f"; judge {judge_engine.identity.model}" if judge_engine else "") + ")", file=sys.stderr)
+        with cached(engine, cache) as lm, cached(judge_engine, cache) as judge:
+            result = distill(lm, spec, config=config, judge_engine=judge)
+            if cache is not None:
+                print(f"LM cache: {lm.real_calls} real calls, {lm.cache_hits} cache hits", file=sys.stderr)
     path = result.write(out)
     print(format_result(result))
     print(f"\nwritten: {path}")

@@ -70,9 +70,9 @@ def _variants(args: argparse.Namespace, spec: Any, state_dir: Path) -> Any:
 
 def _optimize(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
-    from promptdistill.engine import load_engine
     from promptdistill.optimize import optimize
     from promptdistill.pipeline.publish import CANDIDATE_LABEL, publish_result
+    from promptdistill.pipeline.session import open_engines
     from promptdistill.pipeline.stages import cached
     from promptdistill.pipeline.ttft_models import load_ttft_model
     from promptdistill.registry.store import Registry
@@ -84,13 +84,14 @@ def _optimize(args: argparse.Namespace) -> int:
     variants = _variants(args, spec, settings.state_dir)
     out = Path(args.out) if args.out else settings.state_dir / "optimize" / f"{spec.name}-seed{args.seed}"
     registry = Registry(settings.registry)
-    with load_engine(settings.engine) as engine:
+    cache = None if args.no_cache else settings.state_dir / "lm_cache.sqlite"
+    with open_engines(settings) as (engine, judge_engine):
         model = load_ttft_model(registry, engine.identity)
         print(f"optimizing {spec.name} on {engine.identity.model} (budget {budget.max_lm_calls} LM calls, "
               f"{budget.max_minutes:g} min; TTFT model {model.version} from {settings.registry})", file=sys.stderr)
-        with cached(engine, None if args.no_cache else settings.state_dir / "lm_cache.sqlite") as lm:
+        with cached(engine, cache) as lm, cached(judge_engine, cache) as judge:
             result = optimize(lm, spec, ttft_model=model, budget=budget, seed=args.seed,
-                              distill_candidates=variants, selection=rule)
+                              distill_candidates=variants, selection=rule, judge_engine=judge)
     paths = result.write(out)
     print(result.to_summary())
     print(f"\nwritten: {paths['candidates'].parent} (candidates.parquet, result.json, pareto.png)")

@@ -88,20 +88,22 @@ class EngineConfig:
         elif isinstance(self.server_urls, (list, tuple)):
             object.__setattr__(self, "server_urls", tuple(self.server_urls))
 
-    def validate(self, source: str = "config", sources: Mapping[str, str] | None = None) -> "EngineConfig":
+    def validate(self, source: str = "config", sources: Mapping[str, str] | None = None,
+                 section: str = "engine") -> "EngineConfig":
         """Check every field's type and range.
 
         Args:
             source: where the values came from (the config file), for messages.
             sources: where a particular key came from instead (``$PROMPTDISTILL_BACKEND``).
+            section: the config section the values are from (``engine`` or ``judge``).
 
         Raises:
-            ConfigError: ``source: engine.key: reason``.
+            ConfigError: ``source: section.key: reason``.
         """
         sources = sources or {}
 
         def bad(key: str, reason: str) -> ConfigError:
-            return ConfigError(f"{sources.get(key, source)}: engine.{key}: {reason}")
+            return ConfigError(f"{sources.get(key, source)}: {section}.{key}: {reason}")
 
         def integer(key: str, low: int) -> None:
             v = getattr(self, key)
@@ -165,6 +167,9 @@ class Settings:
     """Everything the config file and the environment say."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
+    judge: EngineConfig | None = None
+    """Where judge calls go (``[judge]``, same keys as ``[engine]``); None: the task engine.
+    LLM-as-a-Judge wants a judge at least as capable as the model it judges."""
     state_dir: Path = Path(".promptdistill")
     """Caches, Prefect results, run outputs."""
     registry: str = "artifacts/registry"
@@ -266,24 +271,13 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, 
         where = str(file) if path else f"$PROMPTDISTILL_CONFIG ({file})"
         raise ConfigError(f"{where}: config file not found")
 
-    unknown_sections = set(data) - {"engine", "paths"}
+    unknown_sections = set(data) - {"engine", "judge", "paths"}
     if unknown_sections:
-        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown_sections)}; known: engine, paths")
-
-    defaults = EngineConfig()
-    known = {f.name for f in fields(EngineConfig)}
-    engine_values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key, value in _section(data, "engine", source).items():
-        if key not in known:
-            raise ConfigError(f"{source}: engine.{key}: unknown key; known keys: {sorted(known)}")
-        engine_values[key] = _coerce(f"{source}: engine.{key}", value, getattr(defaults, key), from_env=False)
-    for key in sorted(known):
-        env_key = f"PROMPTDISTILL_{key.upper()}"
-        if env_key in env:
-            sources[key] = f"${env_key}"
-            engine_values[key] = _coerce(f"${env_key}: engine.{key}", env[env_key], getattr(defaults, key), from_env=True)
-    engine = replace(defaults, **engine_values).validate(source, sources)
+        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown_sections)}; known: engine, judge, paths")
+    engine = _engine_config(data, "engine", "PROMPTDISTILL_", source, env)
+    judge = None
+    if "judge" in data or any(k.startswith("PROMPTDISTILL_JUDGE_") for k in env):
+        judge = _engine_config(data, "judge", "PROMPTDISTILL_JUDGE_", source, env)
 
     paths = _section(data, "paths", source)
     values: dict[str, str] = {}
@@ -297,5 +291,24 @@ def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, 
         if not isinstance(value, str) or not value.strip() or "\0" in value:
             raise ConfigError(f"{where}: must be a non-empty path or URL string, got {value!r}")
         values[key] = value
-    return Settings(engine=engine, state_dir=Path(values["state_dir"]), registry=values["registry"],
+    return Settings(engine=engine, judge=judge, state_dir=Path(values["state_dir"]), registry=values["registry"],
                     judges_dir=Path(values["judges"]), source=source)
+
+
+def _engine_config(data: dict[str, Any], section: str, env_prefix: str, source: str,
+                   env: Mapping[str, str]) -> EngineConfig:
+    """``[engine]`` or ``[judge]``: the file's keys, then ``<env_prefix><KEY>`` variables."""
+    defaults = EngineConfig()
+    known = {f.name for f in fields(EngineConfig)}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, value in _section(data, section, source).items():
+        if key not in known:
+            raise ConfigError(f"{source}: {section}.{key}: unknown key; known keys: {sorted(known)}")
+        values[key] = _coerce(f"{source}: {section}.{key}", value, getattr(defaults, key), from_env=False)
+    for key in sorted(known):
+        env_key = f"{env_prefix}{key.upper()}"
+        if env_key in env:
+            sources[key] = f"${env_key}"
+            values[key] = _coerce(f"${env_key}: {section}.{key}", env[env_key], getattr(defaults, key), from_env=True)
+    return replace(defaults, **values).validate(source, sources, section)

@@ -313,6 +313,7 @@ class _Run:
             test=test_reports, rounds=rounds, stop_reason=stop, search_lm_calls=search_calls,
             total_lm_calls=self.meter.calls, elapsed_s=time.monotonic() - start, max_quality_drop=self.max_drop,
             splits=self.splits.sizes(), tokens_processed=self.tokens_processed(),
+            engines={"task": self.meter.identity.to_dict(), "judge": self.runner.engine.identity.to_dict()},
         )
 
     def tokens_processed(self) -> int:

@@ -79,6 +79,8 @@ class DistillResult:
     splits: dict[str, int] = field(default_factory=dict)
     tokens_processed: int = 0
     """Prompt and completion tokens of every LM request (what a GPU spends)."""
+    engines: dict[str, Any] = field(default_factory=dict)
+    """The identities of the task engine and the judge engine."""
 
     @property
     def token_reduction(self) -> float:
@@ -123,6 +125,7 @@ class DistillResult:
             "total_lm_calls": self.total_lm_calls, "tokens_processed": self.tokens_processed,
             "budget_lm_calls": self.config.max_lm_calls,
             "elapsed_s": self.elapsed_s, "max_quality_drop": self.max_quality_drop, "splits": self.splits,
+            "engines": self.engines,
         })
 
     def write(self, folder: str | os.PathLike[str]) -> Path:

@@ -95,6 +95,12 @@ def state_dir() -> Path:
     return Path(load_settings().state_dir).resolve()
 
 
+def judge_engine() -> Any:
+    """The ``[judge]`` engine when the config has one (shared like the task engine), else None."""
+    judge = load_settings().judge
+    return shared_engine(judge) if judge is not None else None
+
+
 def persisted(task_: Any, **options: Any) -> Any:
     """``task_`` with its results persisted under ``<state_dir>/prefect-results`` (the cache
     that makes a rerun resume) and the given run options."""
@@ -188,7 +194,7 @@ def distill_spec(engine_config: EngineConfig, job: SpecJob, config: DistillConfi
     engine = shared_engine(engine_config)
     with engine_slot(engine_config, engine):
         return stages.distill_stage(engine, job, config=config, seed=seed, out_dir=state_dir() / "distill" / key,
-                                    cache_path=state_dir() / "lm_cache.sqlite")
+                                    cache_path=state_dir() / "lm_cache.sqlite", judge_engine=judge_engine())
 
 
 @task(name="optimize-spec", **CACHED, **ENGINE_RETRIES)
@@ -200,7 +206,7 @@ def optimize_spec(engine_config: EngineConfig, job: SpecJob, budget: OptimizeBud
     with engine_slot(engine_config, engine):
         return stages.optimize_stage(engine, job, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
                                      distilled=distilled, out_dir=state_dir() / "optimize" / key,
-                                     cache_path=state_dir() / "lm_cache.sqlite")
+                                     cache_path=state_dir() / "lm_cache.sqlite", judge_engine=judge_engine())
 
 
 @task(name="publish-template", cache_policy=NO_CACHE)
@@ -256,7 +262,7 @@ def _run_spec(path: str, *, engine_config: EngineConfig, engine_key: str, budget
     job = state.result()
     distilled, hits = None, []
     if distill is not None:
-        dkey = work_key("distill", job, engine_key=engine_key, seed=seed, distill=distill)
+        dkey = work_key("distill", job, engine_key=engine_key, seed=seed, distill=distill, judge=load_settings().judge)
         state = persisted(distill_spec, task_run_name=f"distill-{job.name}",
                           timeout_seconds=task_timeout_s(distill.max_minutes))(
             engine_config, job, distill, seed, dkey, return_state=True)
@@ -264,7 +270,7 @@ def _run_spec(path: str, *, engine_config: EngineConfig, engine_key: str, budget
             return failed_row(job.name, _error(state), run_key=dkey)
         distilled, hits = state.result(), hits + [state.name == "Cached"]
     key = work_key("optimize", job, engine_key=engine_key, seed=seed, budget=budget, selection=selection,
-                   distill=distill, ttft_model=ttft_version)
+                   distill=distill, ttft_model=ttft_version, judge=load_settings().judge)
     state = persisted(optimize_spec, task_run_name=f"optimize-{job.name}",
                       timeout_seconds=task_timeout_s(budget.max_minutes))(
         engine_config, job, budget, selection, seed, distilled, registry_root, key, return_state=True)

@@ -13,15 +13,15 @@ from __future__ import annotations
 import re
 import socket
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Iterator
 
-from promptdistill.core.config import EngineConfig
+from promptdistill.core.config import EngineConfig, Settings
 from promptdistill.engine import load_engine, resolve_model
 from promptdistill.engine.base import Engine, EngineIdentity
 
-__all__ = ["adopt_engine", "engine_limit", "engine_session", "forget_engine", "shared_engine"]
+__all__ = ["adopt_engine", "engine_limit", "engine_session", "forget_engine", "open_engines", "shared_engine"]
 
 _POOL: dict[EngineConfig, Engine] = {}
 _POOL_LOCK = threading.Lock()
@@ -75,6 +75,16 @@ def engine_session(config: EngineConfig) -> Iterator[Engine]:
             if _POOL.get(key) is engine:
                 del _POOL[key]
         engine.close()
+
+
+@contextmanager
+def open_engines(settings: Settings) -> Iterator[tuple[Engine, Engine | None]]:
+    """The task engine and, when the config has a ``[judge]`` section, the judge engine:
+    both opened for a command and closed at its end (the CLI's counterpart of a flow run)."""
+    with ExitStack() as stack:
+        engine = stack.enter_context(load_engine(settings.engine))
+        judge = stack.enter_context(load_engine(settings.judge)) if settings.judge is not None else None
+        yield engine, judge
 
 
 def engine_limit(config: EngineConfig, identity: EngineIdentity) -> tuple[str, int]:

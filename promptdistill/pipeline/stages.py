@@ -36,9 +36,13 @@ __all__ = ["candidate_table", "distill_stage", "optimize_stage", "result_figures
 
 
 @contextmanager
-def cached(engine: Engine, cache_path: str | Path | None) -> Iterator[Engine]:
-    """The engine behind the LM result cache (a rerun with the same seed makes no LM calls)."""
-    if cache_path is None:
+def cached(engine: Engine | None, cache_path: str | Path | None) -> Iterator[Engine | None]:
+    """The engine behind the LM result cache (a rerun with the same seed makes no LM calls).
+
+    Results are keyed by the engine's identity, so a task engine and a judge engine share
+    one cache file safely. None stays None.
+    """
+    if cache_path is None or engine is None:
         yield engine
         return
     lm = CachedEngine(engine, cache_path)
@@ -50,10 +54,14 @@ def cached(engine: Engine, cache_path: str | Path | None) -> Iterator[Engine]:
 
 def distill_stage(engine: Engine, job: SpecJob, *, config: DistillConfig, seed: int, out_dir: str | Path,
                   cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> dict[str, Any]:
-    """Distill the spec's instruction; returns ``{"folder", "summary"}`` (the files are in ``folder``)."""
+    """Distill the spec's instruction; returns ``{"folder", "summary"}`` (the files are in ``folder``).
+
+    ``judge_engine`` (default: ``engine``) answers every judge call; TTFT and the task's
+    replies always come from ``engine``.
+    """
     spec = load_spec(Path(job.path))
-    with cached(engine, cache_path) as lm:
-        result = distill(lm, spec, config=replace(config, seed=seed), judge_engine=judge_engine)
+    with cached(engine, cache_path) as lm, cached(judge_engine, cache_path) as judge:
+        result = distill(lm, spec, config=replace(config, seed=seed), judge_engine=judge)
     folder = result.write(out_dir)
     return {"folder": str(folder), "summary": result.summary()}
 
@@ -71,9 +79,9 @@ def optimize_stage(engine: Engine, job: SpecJob, *, ttft_model: TTFTModel, budge
     variants = None
     if distilled is not None:
         variants = variants_from_parquet(spec, Path(distilled["folder"]) / "candidates.parquet")
-    with cached(engine, cache_path) as lm:
+    with cached(engine, cache_path) as lm, cached(judge_engine, cache_path) as judge:
         result = optimize(lm, spec, ttft_model=ttft_model, budget=budget, seed=seed, distill_candidates=variants,
-                          selection=selection, judge_engine=judge_engine)
+                          selection=selection, judge_engine=judge)
     result.write(out_dir)
     return {**result.to_json(), "folder": str(out_dir)}
 
