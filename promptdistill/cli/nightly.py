@@ -53,9 +53,6 @@ def _nightly(args: argparse.Namespace) -> int:
     if args.config:
         os.environ["PROMPTDISTILL_CONFIG"] = args.config  # the flow reads the settings itself
     verbose = bool(getattr(args, "verbose", False))
-    if not verbose:
-        # Fewer lines to the log file, too; errors still come through. Set before vLLM is imported.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     apply_defaults()
     # Imports in the functions keep the pipeline (rich, pandas, Prefect, vLLM) out of the CLI's start-up.
     from promptdistill.core.config import load_settings
