@@ -178,3 +178,57 @@ def test_the_published_template_builds_the_response_format_per_request(tmp_path)
     assert t.parse('{"time": "07:30"}', inputs) == {"time": "07:30"}
     with pytest.raises(Exception, match="does not match the output schema"):
         t.parse('{"time": "7.30pm"}', inputs)
+
+
+def test_init_writes_a_minimal_project_and_keeps_what_exists(tmp_path, capsys):
+    from promptdistill.cli import main
+
+    assert main(["init", str(tmp_path / "proj")]) == 0
+    root = tmp_path / "proj"
+    assert {p.name for p in root.iterdir()} == {"promptdistill.toml", "prefect.yaml", "prompts", "datasets"}
+    deployments = yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]
+    # The flows ship with the package: module entrypoints that import from any folder.
+    import importlib
+
+    for d in deployments:
+        module, name = d["entrypoint"].rsplit(".", 1)
+        assert hasattr(importlib.import_module(module), name), d["entrypoint"]
+    from promptdistill.core.config import load_settings
+
+    assert load_settings(root / "promptdistill.toml", env={}).judge is None
+    (root / "promptdistill.toml").write_text("# mine\n")
+    assert main(["init", str(root)]) == 0
+    assert (root / "promptdistill.toml").read_text() == "# mine\n"
+    assert "kept" in capsys.readouterr().err
+
+
+def test_datasets_import_maps_columns_splits_by_hashed_id_and_reports_what_it_left_out(tmp_path, capsys):
+    import pandas as pd
+
+    from promptdistill.cli import main
+    from promptdistill.specs.datasets import load_dataset
+    from promptdistill.specs.importer import split_of
+
+    spec_path = make_project(tmp_path)
+    rows = [{"request_id": f"r{i}", "text": f"wake me at 0{i % 10}:15", "fn": json.dumps(FUNCTION)} for i in range(60)]
+    rows.append(dict(rows[3]))                              # a duplicate of row 4
+    rows.append({"request_id": "r-empty", "text": "  ", "fn": json.dumps(FUNCTION)})  # an empty input
+    pd.DataFrame(rows).to_parquet(tmp_path / "traffic.parquet")
+    out = tmp_path / "datasets" / "imported.jsonl"
+    code = main(["datasets", "import", str(tmp_path / "traffic.parquet"), "--spec", str(spec_path),
+                 "--map", "request=text", "--map", "function=fn", "--id-column", "request_id", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "10 of 62 rows imported" in printed  # 10 distinct texts; the rest repeat them
+    assert "51 duplicate(s) left out" in printed and "1 row(s) with an empty input left out (rows 62)" in printed
+    df = load_dataset(out, declared_inputs=("request", "function"))
+    assert df["expected"].isna().all()  # label-free
+    assert all(split == split_of(rid) for rid, split in zip(df["id"], df["split"]))
+
+
+def test_datasets_import_names_a_missing_column(tmp_path):
+    from promptdistill.cli import main
+
+    spec_path = make_project(tmp_path)
+    (tmp_path / "t.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    assert main(["datasets", "import", str(tmp_path / "t.jsonl"), "--spec", str(spec_path)]) == 2

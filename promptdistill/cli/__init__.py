@@ -24,8 +24,8 @@ from promptdistill.core.errors import ConfigError, PromptDistillError, SpecError
 __all__ = ["main"]
 
 # Modules under promptdistill/cli/ that add subcommands, in help order.
-COMMAND_MODULES = ("generate", "spec", "features", "ttft", "plan", "distill", "optimize", "templates", "nightly",
-                   "report")
+COMMAND_MODULES = ("init", "generate", "spec", "datasets", "features", "ttft", "plan", "distill", "optimize",
+                   "templates", "nightly", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:
