@@ -44,8 +44,8 @@ def score(reply_text, parsed, expected, inputs):
 
 
 def make_project(root: Path, *, metric_source: str = METRIC, labelled: bool = True) -> Path:
-    (root / "prompts").mkdir(parents=True)
-    (root / "metrics").mkdir()
+    (root / "prompts").mkdir(parents=True, exist_ok=True)
+    (root / "metrics").mkdir(exist_ok=True)
     (root / "metrics" / "calls.py").write_text(metric_source)
     spec = {
         "name": "tool_call", "description": "Turn a request into the arguments of one function call.",

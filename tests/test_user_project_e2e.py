@@ -1,0 +1,98 @@
+"""A team's own project, end to end, as they would run it.
+
+The package is installed non-editable into a fresh virtual environment (its dependencies
+come from this repository's venv through a ``.pth`` file: a clean install of vLLM would take
+minutes and gigabytes). In a folder outside the repository: ``promptdistill init``, then
+their own function-calling spec (a per-request output schema), a python metric module,
+label-free records, and a separate judge: a real vLLM server on 127.0.0.1 while the task
+runs in-process. ``promptdistill nightly --budget smoke`` runs there, and the published
+template renders with that request's schema through the client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from test_user_project import FUNCTION, METRIC, make_project
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv with promptdistill installed from this checkout, not editable."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "_repo_venv_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-cache-dir", str(REPO)], check=True, timeout=600, cwd=build,
+                   env={**os.environ, "PIP_NO_INPUT": "1"})
+    where = subprocess.run([str(py), "-c", "import promptdistill, pathlib; print(pathlib.Path(promptdistill.__file__))"],
+                           check=True, capture_output=True, text=True, cwd=build).stdout.strip()
+    assert where.startswith(site), f"promptdistill imported from {where}, not the fresh install in {site}"
+    return venv
+
+
+@pytest.fixture(scope="module")
+def judge_server(model_dir):
+    from promptdistill.core.config import EngineConfig
+    from promptdistill.engine.launcher import VLLMServer
+
+    config = EngineConfig(backend="server", served_model_name="judge", max_model_len=2048)
+    with VLLMServer(model_dir, config, startup_timeout_s=600) as server:
+        yield server
+
+
+def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_judge_and_traffic(
+        installed, judge_server, tmp_path):
+    cli = installed / "bin" / "promptdistill"
+    project = tmp_path / "team-project"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONPATH": ""}
+    env.pop("PROMPTDISTILL_REGISTRY", None)
+    env.pop("PROMPTDISTILL_STATE_DIR", None)
+    subprocess.run([str(cli), "init", str(project)], check=True, env=env, timeout=120, capture_output=True)
+    make_project(project, labelled=False)
+    config = (project / "promptdistill.toml").read_text()
+    config = config.replace("# [judge]\n# backend = \"server\"\n# server_urls = [\"http://127.0.0.1:8001/v1\"]\n"
+                            "# served_model_name = \"my-judge\"",
+                            f"[judge]\nbackend = \"server\"\nserver_urls = [\"{judge_server.url}\"]\n"
+                            "served_model_name = \"judge\"")
+    assert "[judge]\nbackend" in config
+    (project / "promptdistill.toml").write_text(config)
+
+    run = subprocess.run([str(cli), "nightly", "--budget", "smoke"], cwd=project, env=env, capture_output=True,
+                         text=True, timeout=2400)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "tool_call" in run.stdout
+
+    # The service's side: the published template, with this request's schema.
+    code = ("import json, sys\n"
+            "from promptdistill.client import Templates\n"
+            "t = Templates('artifacts/registry').get('tool_call@production')\n"
+            f"fn = {json.dumps(FUNCTION)!r}\n"
+            "body = t.request_body({'request': 'wake me at 06:45', 'function': fn}, model='m')\n"
+            "print(json.dumps({'schema': body['response_format']['json_schema']['schema'],\n"
+            "                  'provenance': t.provenance}))\n")
+    out = subprocess.run([str(installed / "bin" / "python"), "-c", code], cwd=project, env=env, check=True,
+                         capture_output=True, text=True, timeout=120)
+    published = json.loads(out.stdout.strip().splitlines()[-1])
+    assert published["schema"] == FUNCTION["parameters"]
+    provenance = published["provenance"]
+    assert provenance["judge_engine"]["backend"] == "vllm-server"
+    assert provenance["engine"]["backend"] == "vllm-local"
+    assert provenance["dataset"]["file"] == "tool_call.jsonl"
+    assert (project / ".promptdistill").is_dir() and (project / "artifacts" / "registry").is_dir()
+    assert METRIC  # the project's own metric module scored every reply (a failure would have failed the run)
