@@ -273,7 +273,7 @@ ALIAS_BOMB = "\n".join(
         (ALIAS_BOMB.encode(), "(root): more than 100000 values once aliases are expanded"),
         (("name: demo\n" + "".join(f"k{i}: &k{i} x\n" for i in range(101)) + "".join(f"r{i}: *k{i}\n" for i in range(101))).encode(),
          "more than 100 aliases"),
-        (b"name: demo\ndescription: " + b"x" * (2 * 1024 * 1024) + b"\n", "(file): larger than 1024 KiB"),
+        (b"name: demo\ndescription: " + b"x" * (2 * 1024 * 1024) + b"\n", "(file): larger than 1 MiB"),
         (b"a: " + b"[" * 200_000 + b"]" * 200_000 + b"\n", "nested deeper than 64 levels"),
         (b"a: " + b"[" * 70 + b"]" * 70 + b"\n", "nested deeper than 64 levels"),
         (b"a: &a [*a]\n", "recursive alias"),
@@ -293,7 +293,7 @@ def test_a_spec_path_that_is_a_directory_is_an_error(tmp_path):
     path = _project(tmp_path, VALID)
     path.unlink()
     path.mkdir()
-    assert validate_spec_file(path) == [f"{path}: (file): is a directory, not a YAML file"]
+    assert validate_spec_file(path) == [f"{path}: (file): is a directory, not a file"]
 
 
 def test_all_errors_are_reported_at_once(tmp_path):

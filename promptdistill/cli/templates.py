@@ -18,6 +18,7 @@ import re
 from typing import Any, Iterable
 
 from promptdistill.core.errors import ConfigError, RegistryError
+from promptdistill.core.jsonio import TextFileError, read_text
 
 __all__ = ["register"]
 
@@ -230,16 +231,11 @@ def _read_json(path: str, what: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_JSON_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the {what} file: {e.strerror or e}") from None
-    if len(data) > _MAX_JSON_BYTES:
-        raise ConfigError(f"{path}: the {what} file is larger than {_MAX_JSON_BYTES >> 20} MiB")
+        text = read_text(path, max_bytes=_MAX_JSON_BYTES)
+    except TextFileError as e:
+        raise ConfigError(f"{path}: the {what} file: {e}") from None
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=no_constant)
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: the {what} file is not UTF-8 text (offset {e.start})") from None
+        return json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: the {what} file is not valid JSON: {e}") from None
     except ValueError as e:

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import tomllib
 
 from promptdistill.core.errors import ConfigError
+from promptdistill.core.jsonio import TextFileError, read_text
 
 __all__ = ["EngineConfig", "MAX_CONFIG_BYTES", "Settings", "load_settings"]
 
@@ -228,16 +229,9 @@ def _read_toml(file: Path) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"{file}: not a config file ({'a directory' if file.is_dir() else 'not a regular file'})")
     try:
-        with open(file, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{file}: cannot read: {e.strerror or e}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{file}: larger than {MAX_CONFIG_BYTES // 1024} KiB: not a config file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{file}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+        text = read_text(file, max_bytes=MAX_CONFIG_BYTES)
+    except TextFileError as e:
+        raise ConfigError(f"{file}: {e}" + (": not a config file" if "larger" in str(e) else "")) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -6,7 +6,9 @@
   datetimes, paths converted); NaN/infinity raise, or become None with
   ``nan_to_none=True`` (an undefined score on a tiny fold is a missing figure, not an error);
 * :func:`atomic_write`: a temporary file in the target's folder, then a rename, so a
-  reader never sees half a file and a crash leaves the old one.
+  reader never sees half a file and a crash leaves the old one;
+* :func:`read_text`: a file read within a size bound and as UTF-8, or one clear reason
+  (every loader of user files: specs, judges, config, template content).
 
 Kept free of heavy imports: the registry client uses it.
 """
@@ -21,7 +23,8 @@ from datetime import date, datetime
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
-__all__ = ["NotJSONError", "atomic_write", "canonical_json", "json_safe", "to_json_value", "write_json"]
+__all__ = ["NotJSONError", "TextFileError", "atomic_write", "canonical_json", "json_safe", "read_text", "to_json_value",
+           "write_json"]
 
 
 def canonical_json(value: Any) -> str:
@@ -113,3 +116,35 @@ def write_json(path: str | os.PathLike[str], value: Any, *, nan_to_none: bool = 
     text = json.dumps(to_json_value(value, str(path), nan_to_none=nan_to_none), indent=2, ensure_ascii=False,
                       allow_nan=False)
     return atomic_write(path, text + "\n")
+
+
+class TextFileError(ValueError):
+    """Why a file could not be read as bounded UTF-8 text; ``line`` is set for a decoding error."""
+
+    def __init__(self, reason: str, line: int | None = None) -> None:
+        super().__init__(reason)
+        self.line = line
+
+
+def read_text(path: str | os.PathLike[str], *, max_bytes: int) -> str:
+    """The file's text, read no further than ``max_bytes`` + 1 bytes.
+
+    Raises:
+        TextFileError: a directory, unreadable, larger than ``max_bytes``, or not UTF-8
+            (the message says which, without the file's name: the caller adds it).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except IsADirectoryError:
+        raise TextFileError("is a directory, not a file") from None
+    except OSError as e:
+        raise TextFileError(f"cannot read: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        limit = f"{max_bytes >> 20} MiB" if max_bytes >= 1 << 20 else f"{max_bytes >> 10} KiB"
+        raise TextFileError(f"larger than {limit}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise TextFileError(f"not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})", line) from None

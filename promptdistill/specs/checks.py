@@ -31,6 +31,7 @@ import regex
 import yaml
 
 from promptdistill.core.errors import SpecError
+from promptdistill.core.jsonio import TextFileError, read_text
 from promptdistill.specs.plugins import load_function
 from promptdistill.specs.render import TemplateSyntaxError, check_template, mask_escapes, placeholders
 from promptdistill.specs.text import WORD
@@ -135,21 +136,10 @@ def read_yaml(path: str | Path, *, max_bytes: int = MAX_SPEC_BYTES) -> tuple[Any
     duplicate keys, more than ``MAX_YAML_ALIASES`` aliases, more than ``MAX_YAML_NODES``
     nodes with aliases expanded, nesting deeper than ``MAX_YAML_DEPTH``.
     """
-    path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except IsADirectoryError:
-        return None, "(file): is a directory, not a YAML file"
-    except OSError as e:
-        return None, f"(file): cannot read: {e.strerror or e}"
-    if len(data) > max_bytes:
-        return None, f"(file): larger than {max_bytes // 1024} KiB; this is not a spec file"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        return None, f"line {line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
+        text = read_text(path, max_bytes=max_bytes)
+    except TextFileError as e:
+        return None, f"line {e.line}: {e}" if e.line else f"(file): {e}"
     try:
         loader = _StrictSafeLoader(text)
         try:
