@@ -7,6 +7,10 @@
     promptdistill templates rollback summarize --label production
     promptdistill templates history summarize [--label production]
     promptdistill templates publish summarize content.json [--label candidate] [--parent 2]
+    promptdistill templates sync-mlflow [summarize ...] --tracking-uri http://mlflow:5000
+
+publish, promote and rollback take ``--mlflow-uri URI`` to sync that template to MLflow
+right after the change (see docs/mlflow.md).
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import argparse
 import difflib
 import json
 import re
-from typing import Any, Iterable
+import sys
+from collections.abc import Iterable
+from typing import Any
 
-from promptdistill.core.errors import ConfigError, RegistryError
+from promptdistill.core.errors import ConfigError, PromptDistillError, RegistryError
 from promptdistill.core.jsonio import TextFileError, read_text
 
 __all__ = ["register"]
@@ -33,9 +39,25 @@ def _version(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> int:
+    if not _DIGITS.fullmatch(text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: whole seconds from 1")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not _DIGITS.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: a whole number from 0")
+    return int(text)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--root", help="registry folder or fsspec URL (default: the configured [paths] registry)")
+    # publish, promote and rollback: mirror the change into MLflow's Prompt Registry at once.
+    mirror = argparse.ArgumentParser(add_help=False)
+    mirror.add_argument("--mlflow-uri", metavar="URI",
+                        help="then sync this template to the MLflow tracking server at URI (templates sync-mlflow)")
     parser = subparsers.add_parser("templates", help="list, show, diff, promote and roll back published templates")
     sub = parser.add_subparsers(dest="templates_command", metavar="ACTION", required=True)
 
@@ -52,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="NAME@LABEL, NAME:VERSION, or VERSION / @LABEL of the same name")
     p.set_defaults(func=_diff)
 
-    p = sub.add_parser("promote", parents=[common], help="point a label at a version")
+    p = sub.add_parser("promote", parents=[common, mirror], help="point a label at a version")
     p.add_argument("name")
     p.add_argument("version", type=_version)
     p.add_argument("--label", required=True, help="production, staging, candidate, ...")
@@ -60,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--actor", help="recorded in the label history (default: user@host)")
     p.set_defaults(func=_promote)
 
-    p = sub.add_parser("rollback", parents=[common], help="move a label back to its previous version")
+    p = sub.add_parser("rollback", parents=[common, mirror], help="move a label back to its previous version")
     p.add_argument("name")
     p.add_argument("--label", required=True)
     p.add_argument("--reason", default="")
@@ -72,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--label")
     p.set_defaults(func=_history)
 
-    p = sub.add_parser("publish", parents=[common], help="publish template content from a JSON file")
+    p = sub.add_parser("publish", parents=[common, mirror], help="publish template content from a JSON file")
     p.add_argument("name")
     p.add_argument("content", help="JSON file with the template content")
     p.add_argument("--label", action="append", default=[], help="labels to set (repeatable)")
@@ -80,6 +102,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", help="JSON file with metrics")
     p.add_argument("--actor")
     p.set_defaults(func=_publish)
+
+    p = sub.add_parser("sync-mlflow", parents=[common],
+                       help="register published versions in MLflow's Prompt Registry; aliases follow our labels")
+    p.add_argument("names", nargs="*", metavar="NAME", help="templates to sync (default: every template)")
+    p.add_argument("--tracking-uri", metavar="URI",
+                   help="MLflow tracking URI, e.g. http://mlflow:5000 (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--timeout", type=_seconds, metavar="S",
+                   help="seconds per MLflow request (default: $MLFLOW_HTTP_REQUEST_TIMEOUT, else 30)")
+    p.add_argument("--retries", type=_count, metavar="N",
+                   help="retries per MLflow request (default: $MLFLOW_HTTP_REQUEST_MAX_RETRIES, else 3)")
+    p.set_defaults(func=_sync_mlflow)
 
 
 def _registry(args: argparse.Namespace):
@@ -197,15 +230,17 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _promote(args: argparse.Namespace) -> int:
-    event = _registry(args).set_label(args.name, args.label, args.version, actor=args.actor, reason=args.reason)
+    reg = _registry(args)
+    event = reg.set_label(args.name, args.label, args.version, actor=args.actor, reason=args.reason)
     print(f"{args.name}@{event.label}: {_fmt(event.from_version)} -> {event.to_version}")
-    return 0
+    return _mirror(args, reg, "promoted")
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    event = _registry(args).rollback(args.name, args.label, actor=args.actor, reason=args.reason)
+    reg = _registry(args)
+    event = reg.rollback(args.name, args.label, actor=args.actor, reason=args.reason)
     print(f"{args.name}@{event.label}: {_fmt(event.from_version)} -> {event.to_version} (rolled back)")
-    return 0
+    return _mirror(args, reg, "rolled back")
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -247,8 +282,76 @@ def _read_json(path: str, what: str) -> Any:
 def _publish(args: argparse.Namespace) -> int:
     content = _read_json(args.content, "content")
     metrics = _read_json(args.metrics, "metrics") if args.metrics else None
-    record = _registry(args).publish(args.name, content, parent=args.parent, metrics=metrics,
-                                     labels=args.label, actor=args.actor, reason="published from the CLI")
+    reg = _registry(args)
+    record = reg.publish(args.name, content, parent=args.parent, metrics=metrics,
+                         labels=args.label, actor=args.actor, reason="published from the CLI")
     labels: Iterable[str] = args.label
     print(f"published {record.ref} {record.content_hash}" + (f" labels: {', '.join(labels)}" if args.label else ""))
+    return _mirror(args, reg, "published")
+
+
+def _tracking_uri(given: str | None, flag: str) -> str:
+    import os
+
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise ConfigError(f"{flag}: give the MLflow tracking URI (http://host:5000) or set MLFLOW_TRACKING_URI")
+    return uri
+
+
+def _ranges(versions: list[int]) -> str:
+    """[1, 2, 3, 5] -> "v1-v3, v5"."""
+    spans: list[list[int]] = []
+    for v in sorted(versions):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(f"v{a}" if a == b else f"v{a}-v{b}" for a, b in spans)
+
+
+def _print_sync(report) -> int:
+    """The sync's table (unchanged versions as one row per template); 1 if anything was skipped."""
+    rows = []
+    for name in dict.fromkeys(i.name for i in report.items):
+        items = [i for i in report.items if i.name == name]
+        same = [int(i.item[1:]) for i in items if i.action == "unchanged" and i.item.startswith("v")]
+        if same:
+            rows.append([name, _ranges(same), "unchanged", f"{len(same)} version(s) already in MLflow"])
+        rows += [[name, i.item, i.action, i.detail] for i in items
+                 if not (i.action == "unchanged" and i.item.startswith("v"))]
+    if rows:
+        print(_table(rows, ["NAME", "ITEM", "ACTION", "DETAIL"]))
+    counts = ", ".join(f"{report.count(a)} {a}" for a in ("registered", "set", "moved", "deleted", "unchanged",
+                                                           "skipped"))
+    print(f"MLflow {report.tracking_uri}: {counts}")
+    if report.skipped:
+        print(f"{len(report.skipped)} item(s) not synced (see DETAIL); MLflow does not match the registry for them",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _sync(reg, names: list[str] | None, uri: str, *, timeout: int | None = None, retries: int | None = None):
+    from promptdistill.registry.mlflow_sync import sync_to_mlflow
+
+    return sync_to_mlflow(reg, names, tracking_uri=uri, http_timeout_s=timeout, http_retries=retries)
+
+
+def _sync_mlflow(args: argparse.Namespace) -> int:
+    uri = _tracking_uri(args.tracking_uri, "--tracking-uri")
+    report = _sync(_registry(args), args.names or None, uri, timeout=args.timeout, retries=args.retries)
+    return _print_sync(report)
+
+
+def _mirror(args: argparse.Namespace, reg, done: str) -> int:
+    """--mlflow-uri: sync the template just changed. The change itself stands if this fails."""
+    if not args.mlflow_uri:
+        return 0
+    try:
+        report = _sync(reg, [args.name], args.mlflow_uri)
+    except PromptDistillError as e:
+        print(f"{type(e).__name__}: {e}\n{done} in {reg.root}, but not synced to MLflow; run: "
+              f"promptdistill templates sync-mlflow {args.name} --tracking-uri {args.mlflow_uri}", file=sys.stderr)
+        return 1
+    return _print_sync(report)
