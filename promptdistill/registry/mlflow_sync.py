@@ -68,6 +68,7 @@ _TAG_CHARS = 4000
 # 7 times with growing back-off and wait 120 s per request: minutes for a dead server).
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+_DIGITS = re.compile(r"[0-9]{1,12}")  # not str.isdigit(): it takes "²", which int() refuses
 _RESERVED_ALIAS = re.compile(r"latest|[vV][0-9]+", re.IGNORECASE)
 # MLflow's own sampling names; the rest go to model_config as extra parameters, unchanged.
 _SAMPLING_RENAMES = {"stop": "stop_sequences"}
@@ -347,7 +348,7 @@ def _sync_one(registry: Registry, name: str, ml: _Mlflow, report: SyncReport) ->
     for pv in sorted(ml.versions(name), key=lambda p: int(p.version)):
         tags = pv.tags or {}
         ours = tags.get(TAG_VERSION)
-        if ours is None or not ours.isdigit():
+        if ours is None or not _DIGITS.fullmatch(ours):
             continue  # a version someone registered in MLflow by hand
         record = next((r for r in records if r.version == int(ours)), None)
         if record is None or tags.get(TAG_CONTENT_HASH) != record.content_hash:
