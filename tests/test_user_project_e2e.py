@@ -37,9 +37,14 @@ def installed(tmp_path_factory) -> Path:
                           check=True, capture_output=True, text=True).stdout.strip()
     (Path(site) / "_repo_venv_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     build = tmp_path_factory.mktemp("build")
-    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-cache-dir", str(REPO)], check=True, timeout=600, cwd=build,
+    # Built by this venv's setuptools (the fresh venv may carry an older one without
+    # bdist_wheel), then installed from the wheel as a user would from an index.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-cache-dir", "-w", str(build), str(REPO)], check=True, timeout=600, cwd=build,
                    env={**os.environ, "PIP_NO_INPUT": "1"})
+    (wheel,) = build.glob("promptdistill-*.whl")
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir", str(wheel)],
+                   check=True, timeout=600, cwd=build, env={**os.environ, "PIP_NO_INPUT": "1"})
     where = subprocess.run([str(py), "-c", "import promptdistill, pathlib; print(pathlib.Path(promptdistill.__file__))"],
                            check=True, capture_output=True, text=True, cwd=build).stdout.strip()
     assert where.startswith(site), f"promptdistill imported from {where}, not the fresh install in {site}"
