@@ -19,24 +19,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 import pytest
+from processes import free_port
 
 pytest.importorskip("s3fs", reason="install the dev extra: pip install -e '.[dev]'")
 from moto.server import ThreadedMotoServer  # noqa: E402
+from test_registry import make_content  # noqa: E402
 
 from promptdistill.client import Templates  # noqa: E402
 from promptdistill.core.errors import PromptDistillError  # noqa: E402
 from promptdistill.registry import Registry, StoreUnavailableError  # noqa: E402
 
-from test_registry import make_content  # noqa: E402
-
 MEASURED: dict[str, float] = {}
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FaultProxy:
@@ -137,7 +132,7 @@ def _options(endpoint: str) -> dict:
 
 @pytest.fixture(scope="module")
 def moto_port():
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield port

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-import httpx
 import pytest
+from processes import background, free_port, tail, wait_http
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -34,29 +29,6 @@ TINY_TTFT = {"points": 10, "repeats": 1, "spec_records": 1, "minutes": 12.0, "de
 RUN_TIMEOUT_S = 1800
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def _background(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
-    """A process in its own session, stopped (TERM, then KILL) however the test ends."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=30)
-
-
 def _run(cmd: list[str], env: dict[str, str], timeout_s: float, *, check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     if check:
@@ -64,25 +36,8 @@ def _run(cmd: list[str], env: dict[str, str], timeout_s: float, *, check: bool =
     return done
 
 
-def _wait_healthy(api_url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"prefect server exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
-        try:
-            if httpx.get(f"{api_url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    pytest.fail(f"prefect server not healthy after {timeout_s} s:\n{log.read_text()[-3000:]}")
-
-
-def _tail(path: Path, chars: int = 4000) -> str:
-    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
-
-
 def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(tmp_path):
-    port = _free_port()
+    port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
         **os.environ,
@@ -99,9 +54,9 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(tmp_path):
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     server_log, worker_log = tmp_path / "server.log", tmp_path / "worker.log"
 
-    with _background([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
-                     server_env, server_log) as server:
-        _wait_healthy(api_url, server, server_log)
+    with background([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+                     server_env, server_log, cwd=REPO) as server:
+        wait_http(f"{api_url}/health", server, server_log, 240, "prefect server")
         _run([*PREFECT, "work-pool", "create", POOL, "--type", "process"], env, 120)
         deployed = _run([*PREFECT, "--no-prompt", "deploy", "--all"], env, 300)
         for name in ("nightly/nightly", "optimize-prompt/optimize-prompt", "profile-ttft/profile-ttft"):
@@ -111,18 +66,18 @@ def test_deploy_from_prefect_yaml_and_run_with_a_process_worker(tmp_path):
         assert "0 2 * * *" in inspect and "Europe/London" in inspect, inspect
         assert str(REPO) in inspect, f"the pull step should point at the checkout:\n{inspect}"
 
-        with _background([*PREFECT, "worker", "start", "--pool", POOL, "--type", "process"], env, worker_log) as worker:
+        with background([*PREFECT, "worker", "start", "--pool", POOL, "--type", "process"], env, worker_log, cwd=REPO) as worker:
             started = _run(
                 [*PREFECT, "deployment", "run", "profile-ttft/profile-ttft", "--params", json.dumps({"budget": TINY_TTFT}),
                  "--watch", "--watch-interval", "5", "--watch-timeout", str(RUN_TIMEOUT_S)],
                 env, RUN_TIMEOUT_S + 120, check=False,
             )
-            assert worker.poll() is None, f"worker exited:\n{_tail(worker_log)}"
+            assert worker.poll() is None, f"worker exited:\n{tail(worker_log)}"
         assert started.returncode == 0 and "Completed" in started.stdout, (
-            f"{started.stdout[-3000:]}\n{started.stderr[-2000:]}\nworker log:\n{_tail(worker_log)}")
+            f"{started.stdout[-3000:]}\n{started.stderr[-2000:]}\nworker log:\n{tail(worker_log)}")
 
         state = _last_flow_run_state(env, "profile-ttft")
-        assert state == "COMPLETED", f"flow run ended {state}\nworker log:\n{_tail(worker_log)}"
+        assert state == "COMPLETED", f"flow run ended {state}\nworker log:\n{tail(worker_log)}"
 
     # The flow run really published a TTFT model into this test's registry.
     from promptdistill.pipeline.ttft_models import TTFT_ARTIFACT_KIND

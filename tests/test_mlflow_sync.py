@@ -9,8 +9,6 @@ engine; each test uses its own template names, since the server is shared.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ import urllib.request
 import uuid
 
 import pytest
+from processes import free_port, stop
 
 pytest.importorskip("mlflow", reason="install the mlflow (or dev) extra: pip install -e '.[dev]'")
 from mlflow import MlflowClient
@@ -43,32 +42,11 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 READY_S = 90.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    # mlflow server runs uvicorn as a child: stop the whole process group.
-    if proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
 
 @pytest.fixture(scope="module")
 def mlflow_uri(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
@@ -94,7 +72,7 @@ def mlflow_uri(tmp_path_factory):
             time.sleep(0.25)
         yield uri
     finally:
-        _stop(proc)
+        stop(proc, 10)
 
 
 @pytest.fixture
@@ -281,7 +259,7 @@ def test_bad_input_fails_clearly_and_fast(tmp_path, mlflow_uri, monkeypatch, cap
     reg = Registry(tmp_path / "registry")
     name = _name("bad")
     reg.publish(name, _content(name), labels=["production"])
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
 
     with pytest.raises(TemplateNotFoundError, match=r"no published template 'nope'.*known: " + name):
         sync_to_mlflow(reg, ["nope"], tracking_uri=dead)  # refused before MLflow is called

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import uuid
 
 import pytest
+from processes import free_port
 
 pytest.importorskip("s3fs", reason="install the dev extra: pip install -e '.[dev]'")
 from moto.server import ThreadedMotoServer  # noqa: E402
+from test_registry import make_content  # noqa: E402
 
 from promptdistill.client import StoreUnavailableError, Templates  # noqa: E402
 from promptdistill.core.errors import IntegrityError, TemplateNotFoundError  # noqa: E402
@@ -22,17 +23,9 @@ from promptdistill.registry import Registry  # noqa: E402
 from promptdistill.registry.backend import FsspecBackend  # noqa: E402
 from promptdistill.registry.collection import Collection  # noqa: E402
 
-from test_registry import make_content  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start_server():
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     return server, f"http://127.0.0.1:{port}"
