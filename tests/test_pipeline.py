@@ -407,3 +407,20 @@ def test_ttft_figures_travel_with_the_model(registry, fitted, tmp_path):
     assert path is not None and path.read_bytes() == png
     assert ttft_models.ttft_figure(registry, IDENTITY.key(), model.version, "residuals", tmp_path) is None
     assert ttft_models.ttft_figure(registry, IDENTITY.key(), "other-version", "pred_vs_measured", tmp_path) is None
+
+
+def test_endpoint_load_rows_are_the_run_s_share_per_endpoint():
+    from promptdistill.pipeline.report import endpoint_load_rows
+
+    before = {"a": {"requests": 10.0, "prompt_tokens": 100.0, "generation_tokens": 50.0},
+              "b": {"requests": 0.0, "prompt_tokens": 0.0, "generation_tokens": 0.0},
+              "c": None}
+    after = {"a": {"requests": 40.0, "prompt_tokens": 400.0, "generation_tokens": 80.0},
+             "b": {"requests": 10.0, "prompt_tokens": 90.0, "generation_tokens": 20.0},
+             "c": {"requests": 5.0, "prompt_tokens": 5.0, "generation_tokens": 5.0}}
+    rows = {r["endpoint"]: r for r in endpoint_load_rows(before, after, seconds=20.0)}
+    assert rows["a"] == {"endpoint": "a", "requests": 30, "prompt_tokens": 300, "generation_tokens": 30,
+                         "requests_per_s": 1.5, "share": 0.75}
+    assert rows["b"]["share"] == 0.25 and rows["b"]["requests_per_s"] == 0.5
+    # An endpoint that did not answer in a snapshot has no figures, and no share of the total.
+    assert rows["c"]["requests"] is None and rows["c"]["share"] is None

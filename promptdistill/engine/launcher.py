@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Mapping
 
 import httpx
 
@@ -34,6 +35,9 @@ def free_port() -> int:
 class VLLMServer:
     """A vLLM server subprocess on 127.0.0.1, usable as a context manager.
 
+    ``env`` adds to the server's environment: on a CPU build, ``VLLM_CPU_OMP_THREADS_BIND``
+    gives each of several servers its own cores (by default every server binds the same one).
+
     Example:
         >>> with VLLMServer(model_dir, config) as server:   # doctest: +SKIP
         ...     engine = ServerEngine(replace(config, backend="server", server_urls=(server.url,)))
@@ -47,12 +51,14 @@ class VLLMServer:
         port: int | None = None,
         startup_timeout_s: float = 300.0,
         log_path: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
     ):
         self.model = str(model)
         self.config = config
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+        self.env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -76,18 +82,22 @@ class VLLMServer:
             cmd.append("--enforce-eager")
         return cmd
 
-    def start(self) -> "VLLMServer":
-        env = dict(os.environ)
+    def start(self, *, wait: bool = True) -> "VLLMServer":
+        """Launch the server; with ``wait=False`` return at once (several servers then load
+        side by side: call :meth:`wait_ready` on each)."""
+        env = {**os.environ, **self.env}
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(self.config.kv_cache_gib)))))
         env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes POST /reset_prefix_cache for cold measurements
-        log = open(self.log_path, "wb")
-        self._proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        self._wait_ready()
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        if wait:
+            self.wait_ready()
         return self
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
+        """Block until the server answers, at most ``startup_timeout_s`` from now."""
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:

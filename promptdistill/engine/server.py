@@ -151,6 +151,21 @@ class ServerEngine(Engine):
         )
         return int(out["count"])
 
+    def _metric_totals(self, url: str, names: Sequence[str]) -> dict[str, float] | None:
+        """Prometheus counters from one server's ``/metrics`` (summed over their labels);
+        None when the endpoint does not answer."""
+        try:
+            r = httpx.get(f"{self._root(url)}/metrics", timeout=10)
+            r.raise_for_status()
+        except httpx.HTTPError:
+            return None
+        totals = dict.fromkeys(names, 0.0)
+        for family in text_string_to_metric_families(r.text):
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+        return totals
+
     def prefix_cache_hit_rate(self) -> float | None:
         """The share of prompt tokens the servers' prefix caches served, from their
         Prometheus ``/metrics`` (``vllm:prefix_cache_hits`` over ``vllm:prefix_cache_queries``,
@@ -158,18 +173,23 @@ class ServerEngine(Engine):
         reports it or nothing was queried yet."""
         hits = queries = 0.0
         for url in self.urls:
-            try:
-                r = httpx.get(f"{self._root(url)}/metrics", timeout=10)
-                r.raise_for_status()
-            except httpx.HTTPError:
-                continue
-            for family in text_string_to_metric_families(r.text):
-                for sample in family.samples:
-                    if sample.name == "vllm:prefix_cache_hits_total":
-                        hits += sample.value
-                    elif sample.name == "vllm:prefix_cache_queries_total":
-                        queries += sample.value
+            totals = self._metric_totals(url, ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"))
+            if totals is not None:
+                hits += totals["vllm:prefix_cache_hits_total"]
+                queries += totals["vllm:prefix_cache_queries_total"]
         return hits / queries if queries > 0 else None
+
+    def endpoint_load(self) -> dict[str, dict[str, float] | None]:
+        """Each endpoint's work since it started, as its server counts it (every client of
+        the server included): finished requests, prompt and generated tokens. None for an
+        endpoint that does not answer. Two snapshots' difference is a run's load."""
+        names = {"requests": "vllm:request_success_total", "prompt_tokens": "vllm:prompt_tokens_total",
+                 "generation_tokens": "vllm:generation_tokens_total"}
+        load: dict[str, dict[str, float] | None] = {}
+        for url in self.urls:
+            totals = self._metric_totals(url, tuple(names.values()))
+            load[url] = None if totals is None else {key: totals[name] for key, name in names.items()}
+        return load
 
     def reset_prefix_cache(self) -> bool:
         """Needs the server started with VLLM_SERVER_DEV_MODE=1 (``promptdistill serve`` does)."""

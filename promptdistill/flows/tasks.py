@@ -66,6 +66,9 @@ from promptdistill.ttft.profile import run_profile
 
 ENGINE_SLOT_WAIT_S = 6 * 3600.0
 """Longest a task waits for its engine's concurrency slot before failing."""
+ENGINE_SLOT_LEASE_S = 60.0
+"""A held slot's lease, renewed while its task runs: a worker that dies holding one frees
+it this long after (Prefect's default, 300 s, would stall the retried spec that long)."""
 
 
 def transient_engine_error(task: Any, task_run: Any, state: Any) -> bool:
@@ -120,7 +123,8 @@ def engine_slot(config: EngineConfig, engine: Any) -> Any:
             except ObjectAlreadyExists:
                 pass
     get_run_logger().info("taking a slot of concurrency limit %r (%d slots)", name, slots)
-    return concurrency(name, occupy=1, timeout_seconds=ENGINE_SLOT_WAIT_S, strict=True, raise_on_lease_renewal_failure=False)
+    return concurrency(name, occupy=1, timeout_seconds=ENGINE_SLOT_WAIT_S, lease_duration=ENGINE_SLOT_LEASE_S, strict=True,
+                       raise_on_lease_renewal_failure=False)
 
 
 # ------------------------------------------------------------------ TTFT model

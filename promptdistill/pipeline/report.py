@@ -19,6 +19,7 @@ import pandas as pd
 __all__ = [
     "SUMMARY_COLUMNS",
     "artifact_key",
+    "endpoint_load_rows",
     "failed_row",
     "format_summary_table",
     "image_markdown",
@@ -104,6 +105,28 @@ def failed_row(template: str, error: str, **fields: Any) -> dict[str, Any]:
 def summary_frame(rows: Iterable[Mapping[str, Any]]) -> Any:
     """The rows as a DataFrame with the fixed columns, in order (for Parquet run logs)."""
     return pd.DataFrame([{c: r.get(c) for c in SUMMARY_COLUMNS} for r in rows], columns=list(SUMMARY_COLUMNS))
+
+
+def endpoint_load_rows(before: Mapping[str, Mapping[str, float] | None],
+                       after: Mapping[str, Mapping[str, float] | None], seconds: float) -> list[dict[str, Any]]:
+    """Each endpoint's share of a run's work, from two ``endpoint_load()`` snapshots (the
+    server's own counters, so every client of the server counts): requests, tokens,
+    requests per second and the endpoint's share of the requests. An endpoint missing from
+    either snapshot shows ``None`` (it did not answer)."""
+    deltas = {url: None if before.get(url) is None or after.get(url) is None
+              else {k: after[url][k] - before[url][k] for k in after[url]} for url in after}
+    total = sum(d["requests"] for d in deltas.values() if d is not None)
+    rows = []
+    for url, d in deltas.items():
+        if d is None:
+            rows.append({"endpoint": url, "requests": None, "prompt_tokens": None, "generation_tokens": None,
+                         "requests_per_s": None, "share": None})
+            continue
+        rows.append({"endpoint": url, "requests": int(d["requests"]), "prompt_tokens": int(d["prompt_tokens"]),
+                     "generation_tokens": int(d["generation_tokens"]),
+                     "requests_per_s": d["requests"] / seconds if seconds > 0 else None,
+                     "share": d["requests"] / total if total > 0 else None})
+    return rows
 
 
 def artifact_key(*parts: str) -> str:
