@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import shutil
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -287,7 +288,14 @@ def test_engine_session_never_closes_an_adopted_engine(monkeypatch):
 def test_engine_limit_is_per_host_for_local_and_per_endpoint_for_servers():
     name, slots = session.engine_limit(EngineConfig(), IDENTITY)
     assert slots == 1 and name.startswith(f"promptdistill-engine-{IDENTITY.key()}-")
-    assert session.engine_limit(SERVER, IDENTITY) == (f"promptdistill-engine-{IDENTITY.key()}", 2)
+    name, slots = session.engine_limit(SERVER, IDENTITY)
+    assert slots == 2 and name.startswith(f"promptdistill-engine-{IDENTITY.key()}-2ep-")
+    # Another set of endpoints is another limit (its size follows the new count) ...
+    one = replace(SERVER, server_urls=SERVER.server_urls[:1])
+    assert session.engine_limit(one, IDENTITY)[0] != name and session.engine_limit(one, IDENTITY)[1] == 1
+    # ... the same set, in another order or with a trailing slash, the same one.
+    same = replace(SERVER, server_urls=tuple(u + "/" for u in reversed(SERVER.server_urls)))
+    assert session.engine_limit(same, IDENTITY) == (name, 2)
 
 
 def test_specs_failed_error_keeps_the_summary_through_pickling():

@@ -91,9 +91,10 @@ def nightly(
             spec at a time, so more only wait for a slot).
 
     Returns:
-        ``{"run_id", "rows", "ttft", "report", "failed", "endpoints"}`` (``report``: the
-        night report's path; ``endpoints``: each server's requests, tokens and share during
-        the specs, empty for the in-process engine); the run is Failed if any spec failed.
+        ``{"run_id", "rows", "ttft", "report", "failed", "endpoints", "specs_s"}``
+        (``report``: the night report's path; ``endpoints``: each server's requests, tokens
+        and share during the specs, empty for the in-process engine; ``specs_s``: the specs'
+        wall time, TTFT refresh and report excluded); the run is Failed if any spec failed.
     """
     logger = get_run_logger()
     apply_defaults()
@@ -121,11 +122,13 @@ def nightly(
                 rows = run_specs([str(p) for p in paths], common)
             else:
                 rows = [run_spec(str(p), **common) for p in paths]
-        endpoints = _record_endpoint_load(engine, load_before, time.monotonic() - started)
+        specs_s = time.monotonic() - started
+        endpoints = _record_endpoint_load(engine, load_before, specs_s)
     report = report_night(rows, ttft, settings.registry, run_id)
     logger.info("summary:\n%s", format_summary_table(rows))
     result = {"run_id": run_id, "rows": rows, "ttft": ttft, "report": report["report"],
-              "failed": [r["template"] for r in rows if r["status"] == "failed"], "endpoints": endpoints}
+              "failed": [r["template"] for r in rows if r["status"] == "failed"], "endpoints": endpoints,
+              "specs_s": round(specs_s, 1)}
     if result["failed"]:
         raise SpecsFailedError(f"{len(result['failed'])} of {len(rows)} specs failed: {', '.join(result['failed'])}", result)
     return result

@@ -10,6 +10,7 @@ had one (tests hand in their session engine with :func:`adopt_engine`).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import socket
 import threading
@@ -91,13 +92,17 @@ def engine_limit(config: EngineConfig, identity: EngineIdentity) -> tuple[str, i
     """The global concurrency limit guarding an engine: (name, slots).
 
     One slot for an in-process engine (one optimization at a time per machine and model,
-    across flow runs); one per endpoint for the server backend.
+    across flow runs); one per endpoint for the server backend, named after the set of
+    endpoints: a config that adds an endpoint gets a limit with one more slot (an existing
+    limit's size is left as its operator set it).
     """
     if config.backend == "local":
         # The engine lives in this machine's memory: the limit is per host.
         host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-") or "host"
         return f"promptdistill-engine-{identity.key()}-{host}", 1
-    return f"promptdistill-engine-{identity.key()}", max(1, len(config.server_urls))
+    urls = sorted({u.rstrip("/") for u in config.server_urls})
+    endpoints = hashlib.sha256("\n".join(urls).encode()).hexdigest()[:8]
+    return f"promptdistill-engine-{identity.key()}-{len(urls)}ep-{endpoints}", max(1, len(urls))
 
 
 def forget_engine(config: EngineConfig) -> Engine | None:
