@@ -37,6 +37,12 @@ class BatchingEngine:
         max_batch: most calls gathered into one batch.
         window_s: how long the collector waits for more calls after the first.
         default_max_tokens: used when DSPy sends none.
+
+    Attributes:
+        calls: requests submitted.
+        batches: the size of every batch sent to the engine.
+        prompt_tokens, completion_tokens: tokens of every result the engine returned (what
+            a GPU processes; requests DSPy's own cache answered never get here).
     """
 
     # Capability hints DSPy reads from a custom engine: JSONAdapter then sends a
@@ -53,6 +59,8 @@ class BatchingEngine:
         self.default_max_tokens = default_max_tokens
         self.calls = 0
         self.batches: list[int] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
         self._queue: queue.Queue[tuple[GenerationRequest, Future[GenerationResult]] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._collect, name="promptdistill-dspy-batcher", daemon=True)
         self._worker.start()
@@ -80,6 +88,9 @@ class BatchingEngine:
                 for _, fut in batch:
                     fut.set_exception(e)
                 continue
+            # Only this thread writes the counters: no lock needed.
+            self.prompt_tokens += sum(r.prompt_tokens for r in results)
+            self.completion_tokens += sum(r.completion_tokens for r in results)
             for (_, fut), result in zip(batch, results):
                 fut.set_result(result)
 
