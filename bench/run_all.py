@@ -16,7 +16,8 @@ BENCHMARKS = [
     ["bench.bench_prefix_cache", "--records", "5"],
     ["bench.bench_ttft_model", "--budget-s", "420"],
     ["bench.bench_optimize", "--budget", "quick"],
-    ["bench.bench_mipro", "--train", "24", "--dev", "16", "--test", "16", "--num-threads", "8"],
+    # Ours (the nightly's quick preset) against MIPROv2 and GEPA (auto="light"), three specs.
+    ["bench.bench_peers", "--train", "100", "--dev", "400", "--test", "200"],
 ]
 
 

@@ -178,26 +178,46 @@ def test_bench_optimize(tmp_path, ttft_registry):
     assert "| ticket_triage |" in (tmp_path / "bench" / "optimize.md").read_text()
 
 
-MIPRO_SIDE = ("test_mean", "test_ci_low", "test_ci_high", "test_n", "lm_calls", "minutes", "prompt_tokens",
-              "instruction_tokens", "ttft_cold_ms", "ttft_warm_ms", "examples")
-MIPRO_RATIOS = ("lm_calls_ours_over_mipro", "minutes_ours_over_mipro", "prompt_tokens_ours_over_mipro",
-                "ttft_cold_ms_ours_over_mipro", "test_mean_ours_minus_mipro")
+PEERS_SIDE = ("test_mean", "test_ci_low", "test_ci_high", "test_n", "lm_calls", "tokens_processed",
+              "prompt_tokens_processed", "completion_tokens_processed", "minutes", "prompt_tokens",
+              "instruction_tokens", "ttft_cold_ms", "ttft_warm_ms")
+PEERS_RATIOS = ("lm_calls_ours_over_peer", "tokens_processed_ours_over_peer", "minutes_ours_over_peer",
+                "prompt_tokens_ours_over_peer", "instruction_tokens_ours_over_peer", "ttft_cold_ms_ours_over_peer",
+                "ttft_warm_ms_ours_over_peer", "quality_diff", "quality_diff_ci_low", "quality_diff_ci_high")
 
 
 @pytest.mark.engine
-def test_bench_mipro(tmp_path, ttft_registry):
-    run_bench("bench.bench_mipro", "ticket_triage", "--train", "4", "--dev", "4", "--test", "4", "--num-threads", "4",
-              "--max-bootstrapped-demos", "1", "--max-labeled-demos", "1", "--proposer-max-tokens", "96",
-              "--budget-calls", "200", "--timing-records", "1", tmp_path=tmp_path, registry=ttft_registry)
-    report = read_report(tmp_path, "mipro")
+def test_bench_peers(tmp_path, ttft_registry):
+    run_bench("bench.bench_peers", "ticket_triage", "--budget", "smoke", "--train", "4", "--dev", "4", "--test", "4",
+              "--num-threads", "4", "--max-bootstrapped-demos", "1", "--max-labeled-demos", "1",
+              "--proposer-max-tokens", "96", "--gepa-metric-calls", "16", "--timing-records", "1",
+              tmp_path=tmp_path, registry=ttft_registry)
+    report = read_report(tmp_path, "peers")
     check_identity(report["identity"])
-    assert report["config"]["mipro_auto"] == "light" and isinstance(report["config"]["dspy_version"], str)
+    config = report["config"]
+    assert config["mipro_auto"] == "light" and isinstance(config["dspy_version"], str)
+    assert isinstance(config["gepa_objectives_supported"], bool) and config["gepa_objectives"]
+    peers = config["peers"]
+    assert peers[:2] == ["mipro", "gepa"] and ("gepa_ttft" in peers) == config["gepa_objectives_supported"]
     r = report["specs"]["ticket_triage"]
     assert r["split"] == {"train": 4, "dev": 4, "test": 4}
-    for side in ("ours", "mipro"):
-        numbers(r[side], MIPRO_SIDE, f"{side}.")
-        assert r[side]["test_n"] == 4 and r[side]["lm_calls"] >= 1 and r[side]["prompt_tokens"] > 0
-        assert r[side]["ttft_cold_ms"] > 0
-    numbers(r["mipro"], ("test_eval_calls", "dspy_prompt_tokens", "test_mean_as_template"), "mipro.")
-    assert isinstance(r["mipro"]["instruction"], str) and r["mipro"]["instruction"]
-    numbers(r["ratios"], MIPRO_RATIOS, "ratios.")
+    for side in ("ours", *peers):
+        s = r["sides"][side]
+        assert "error" not in s, f"{side}: {s.get('error')}\n{s.get('traceback')}"
+        numbers(s, PEERS_SIDE, f"{side}.")
+        assert s["test_n"] == 4 and s["lm_calls"] >= 1 and s["tokens_processed"] > 0 and s["prompt_tokens"] > 0
+        assert s["ttft_cold_ms"] > 0
+        assert set(s["content"]) >= {"system", "user", "inputs", "response_format", "max_tokens"}
+    ours = r["sides"]["ours"]
+    numbers(ours, ("engine_calls", "engine_tokens_processed", "timing_requests"), "ours.")
+    assert ours["phases"] and all(p["calls"] >= 1 for p in ours["phases"].values())
+    assert sum(p["calls"] for p in ours["phases"].values()) == ours["engine_calls"]
+    for kind in peers:
+        s = r["sides"][kind]
+        numbers(s, ("program_test_mean", "test_eval_calls", "dspy_prompt_tokens"), f"{kind}.")
+        assert isinstance(s["instruction"], str)  # as the peer wrote it (empty is a finding, not an error)
+        c = r["comparisons"][kind]
+        number_or_none(c, PEERS_RATIOS, f"{kind}.")
+        assert isinstance(c["goal"]["met"], bool)
+        assert all(v is None or isinstance(v, bool) for v in c["goal"].values())
+    assert "| ticket_triage | mipro |" in (tmp_path / "bench" / "peers.md").read_text()

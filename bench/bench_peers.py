@@ -1,0 +1,863 @@
+"""Side by side with DSPy's strongest optimizers: MIPROv2 and GEPA, same engine, records and metric.
+
+The question a user asks: does ours reach the peers' quality with a shorter, faster prompt
+and a fraction of the GPU work? Per spec (default ``invoice_extraction``, ``ticket_triage``,
+``word_problems``), four sides run one after the other on the same engine:
+
+* **ours**, as the nightly runs it: :func:`promptdistill.pipeline.stages.distill_stage`
+  then :func:`~promptdistill.pipeline.stages.optimize_stage` with
+  ``budget_preset(--budget)`` (default ``quick``), on a fresh LM cache;
+* **mipro**: ``dspy.MIPROv2(auto="light")`` (instruction and demos);
+* **gepa**: ``dspy.GEPA(auto="light")`` (instruction), the reflection LM being the same
+  engine, the metric returning the spec's score with textual feedback (the expected and the
+  produced output), as DSPy's GEPA documentation asks for;
+* **gepa_ttft**: the same GEPA, its metric also returning ``objective_scores``: quality
+  and minus the predicted expected TTFT of the instruction's template (the registry's TTFT
+  model, as ours predicts it), with ``frontier_type="hybrid"``. Run only where the
+  installed DSPy passes objective scores to GEPA (checked, and said in the report).
+
+One split for every side (``search.splits.split_records``, the only split): the first
+``--train`` train records (ours: the example pool; the peers: the trainset), ``--dev`` dev
+records (ours: screening and the race; the peers: the valset) and ``--test`` test records,
+drawn as the optimizer draws them. Ours runs on a copy of the spec whose dataset holds
+exactly these records, so no side sees more data than another.
+
+Every side's result is exported through the one render function as a template
+(``specs.prompt.template_content``: a peer's instruction is the whole system text, its
+demos fixed examples in the spec's example format) and scored as a template on the test
+records by ``promptdistill.evaluate`` (constrained decoding, as the content says): what a
+service gets. A peer's DSPy program score (JSONAdapter, its own prompt) is reported beside
+it; the two can differ.
+
+Per side: test quality with a 95% bootstrap interval (and ours minus the peer, paired, with
+its interval); LM calls and prompt/completion tokens processed (the peers: counted by the
+DSPy bridge, below DSPy's cache; ours: from the stage results, and below our LM cache by a
+meter that also splits them by phase); wall minutes; the resulting prompt's total tokens
+(the rendered chat prompt, served tokenizer, mean over the test records) and instruction
+tokens (``Spec.instruction_text()``); measured TTFT cold and warm
+(``optimize.verify.measure_ttft``, every template one after the other, after all runs).
+Scoring the peers' programs and templates on test is not part of their cost; ours'
+held-out verification is part of ours (the nightly does it).
+
+A peer that fails or writes nonsense is reported as it is, with its own instruction.
+
+Usage:
+    python -m bench.bench_peers [invoice_extraction ticket_triage ...] [--budget quick]
+        [--train 100] [--dev 400] [--test 200] [--peers mipro,gepa,gepa_ttft]
+        [--gepa-metric-calls N] [--num-threads 16] [--timing-records 3] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from bench.common import setup, write_report
+
+setup()
+
+from promptdistill.core.config import load_settings  # noqa: E402 - after the process defaults
+from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult  # noqa: E402
+
+DEFAULT_SPECS = ("invoice_extraction", "ticket_triage", "word_problems")
+PEERS = ("mipro", "gepa", "gepa_ttft")
+GOAL_TOKENS_SHARE = 1 / 3
+"""Ours may process at most this share of a peer's tokens."""
+RATIO_FIELDS = ("lm_calls", "tokens_processed", "minutes", "prompt_tokens", "instruction_tokens", "ttft_cold_ms",
+                "ttft_warm_ms")
+
+
+# -- counting -----------------------------------------------------------------------------------
+
+
+class CallCounter(EngineWrapper):
+    """Counts the generation requests that reach the engine (below each side's cache).
+
+    A prompt longer than the context window would fail the whole batch it came in; it is
+    answered alone with an empty reply and an error instead (zero tokens: the model never
+    saw it), so one over-long proposer prompt fails one DSPy call, not its batch-mates.
+    Such prompts are counted in ``rejected``, not ``calls``.
+    """
+
+    def __init__(self, engine: Engine):
+        super().__init__(engine)
+        self.calls = 0
+        self.rejected = 0
+
+    def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
+        from promptdistill.core.errors import PromptTooLongError
+
+        try:
+            results = self.engine.generate(requests, progress=progress)
+        except PromptTooLongError:
+            return self._generate_fitting(requests, progress)
+        self.calls += len(requests)
+        return results
+
+    def _generate_fitting(self, requests: Sequence[GenerationRequest], progress: bool) -> list[GenerationResult]:
+        limit = self.identity.max_model_len
+        sizes = [self.count_tokens(r.chat() if r.messages is not None else r.prompt) for r in requests]
+        fits = [i for i, n in enumerate(sizes) if n < limit]  # the engine's own rule (it caps the output)
+        done = dict(zip(fits, self.engine.generate([requests[i] for i in fits], progress=progress))) if fits else {}
+        self.calls += len(fits)
+        self.rejected += len(requests) - len(fits)
+        return [done.get(i) or GenerationResult(
+            text="", prompt_tokens=0, completion_tokens=0, cached_tokens=0, finish_reason="length", ttft_ms=0.0,
+            e2e_ms=0.0, valid=False if req.json_schema or req.choices else None,
+            error=f"prompt too long: {sizes[i]} tokens, max_model_len {limit}")
+            for i, req in enumerate(requests)]
+
+
+# Where ours spends its tokens: (file, function) of the stack, innermost first, -> phase.
+_PHASE_FRAMES = (
+    ("distill/loop.py", "calibrate", "calibration"),
+    ("distill/loop.py", "rewrites", "rewrites"),
+    ("distill/loop.py", "held_out", "held-out test"),
+    ("search/racing.py", "race", "race"),
+    ("search/racing.py", "screen", "screening"),
+    ("distill/loop.py", "score_clauses", "ablations"),
+    ("optimize/run.py", "choose_fixed_sets", "example sets"),
+    ("optimize/finish.py", "choose_format", "output formats"),
+    ("optimize/finish.py", "finish", "test verification"),
+)
+
+
+def phase_of_stack() -> str:
+    """``stage: phase`` of the generate call being made, read from the call stack.
+
+    The stages report one total; the stack says which step asked (the distiller's clause
+    judge, ablations, rewrites; either stage's screening and race; the optimizer's example
+    sets, output formats and test verification). A judge call is named after the step that
+    called the judge.
+    """
+    frames: list[tuple[str, str]] = []
+    f = sys._getframe(1)
+    while f is not None:
+        frames.append((f.f_code.co_filename.replace(os.sep, "/"), f.f_code.co_name))
+        f = f.f_back
+    stage = ("distill" if any(p.endswith("distill/loop.py") for p, _ in frames)
+             else "optimize" if any("/optimize/" in p for p, _ in frames) else "other")
+    judge = False
+    for path, func in frames:
+        if path.endswith("judges/runner.py"):
+            judge = True
+            continue
+        for suffix, name, phase in _PHASE_FRAMES:
+            if path.endswith(suffix) and func == name:
+                if phase == "ablations" and judge:
+                    return f"{stage}: clause judge"
+                return f"{stage}: {phase}" + (" (judge)" if judge and phase != "rewrites" else "")
+    return f"{stage}: other" + (" (judge)" if judge else "")
+
+
+class PhaseMeter(EngineWrapper):
+    """Counts requests and tokens that reach the engine, per phase of our search (see ``phase_of_stack``)."""
+
+    def __init__(self, engine: Engine):
+        super().__init__(engine)
+        self.phases: dict[str, dict[str, int]] = {}
+
+    def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
+        phase = phase_of_stack()
+        results = self.engine.generate(requests, progress=progress)
+        row = self.phases.setdefault(phase, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0})
+        row["calls"] += len(requests)
+        row["prompt_tokens"] += sum(r.prompt_tokens for r in results)
+        row["completion_tokens"] += sum(r.completion_tokens for r in results)
+        return results
+
+    def total(self, key: str) -> int:
+        return sum(row[key] for row in self.phases.values())
+
+
+# -- one split for every side ----------------------------------------------------------------------
+
+
+def bench_split(spec: Any, n_train: int, n_dev: int, n_test: int, seed: int) -> dict[str, list[dict]]:
+    """The records every side gets, drawn by the optimizer's own split (dev and test shuffled by ``seed``)."""
+    from promptdistill.search.splits import split_records
+
+    s = split_records(spec, seed=seed, screen_size=1, dev_size=n_dev, test_size=n_test)
+    return {"train": list(s.train[:n_train]), "dev": list(s.dev), "test": list(s.test)}
+
+
+def subset_job(spec: Any, split: Mapping[str, Sequence[dict]], folder: Path) -> Any:
+    """A copy of the spec file whose dataset holds exactly the split's records (what ours may see)."""
+    from promptdistill.pipeline.jobs import prepare_job
+    from promptdistill.specs.datasets import write_records
+
+    (folder / "prompts").mkdir(parents=True, exist_ok=True)
+    write_records(folder / "datasets" / spec.dataset.name, [*split["train"], *split["dev"], *split["test"]])
+    path = folder / "prompts" / f"{spec.name}.yaml"
+    shutil.copyfile(spec.source_path, path)
+    return prepare_job(path)
+
+
+# -- templates: every side exported and scored the same way -----------------------------------------
+
+
+def literal_spec(spec: Any, instruction: str, **changes: Any) -> Any:
+    """``spec`` with ``changes`` and ``instruction`` as literal system text.
+
+    A peer's instruction may mention an input in braces (``{ticket}``); the spec check
+    refuses that (an author's misplaced input), but here it is the peer's literal output,
+    which ``build_system`` escapes, so it renders verbatim: the check is skipped for it.
+    """
+    out = spec.with_changes(instruction="(instruction)", **changes)
+    object.__setattr__(out, "instruction", instruction)
+    return out
+
+
+def peer_spec(spec: Any, instruction: str, demos: Sequence[Mapping[str, Any]]) -> Any:
+    """A DSPy program as a spec: its instruction is the whole system text, its demos fixed examples."""
+    examples = dataclasses.replace(spec.examples, count=len(demos), selection="first", ids=())
+    return literal_spec(spec, instruction, context=None, constraints=(), examples=examples)
+
+
+def content_spec(spec: Any, content: Mapping[str, Any]) -> Any:
+    """The spec that renders exactly ``content`` (its system text literal, no separate examples)."""
+    system = content["system"].replace("{{", "{").replace("}}", "}")  # build_system's escaping, undone
+    examples = dataclasses.replace(spec.examples, count=0, selection="first", ids=())
+    return literal_spec(spec, system, context=None, constraints=(), examples=examples, user=content["user"],
+                        output_schema=content["output_schema"], max_tokens=content["max_tokens"])
+
+
+def template_scores(engine: Engine, spec: Any, content: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+                    seed: int) -> dict[str, Any]:
+    """The template scored on ``records`` as a service would use it, and its prompt tokens.
+
+    Rendering is checked first: the spec evaluated renders every record exactly as the
+    content does (``render_messages``, the client's path).
+    """
+    from promptdistill.core.stats import bootstrap_ci
+    from promptdistill.evaluate import evaluate
+    from promptdistill.optimize.verify import check_rendering
+    from promptdistill.specs.render import render_messages
+
+    cspec = content_spec(spec, content)
+    check_rendering(content, cspec, [], records)
+    report = evaluate(engine, cspec, records, constrained=content["response_format"] == "json_schema",
+                      max_tokens=content["max_tokens"], seed=seed)
+    ci = bootstrap_ci(report.scores, seed=seed)
+    tokens = [engine.count_tokens(render_messages(content["system"], content["user"], r["inputs"])) for r in records]
+    return {"test_mean": ci.mean, "test_ci_low": ci.low, "test_ci_high": ci.high, "test_n": ci.n,
+            "test_valid_json_rate": report.valid_json_rate,
+            "prompt_tokens": round(statistics.fmean(tokens), 1) if tokens else None, "scores": report.scores}
+
+
+def ttft_figures(engine: Engine, model: Any, spec: Any, content: Mapping[str, Any],
+                 records: Sequence[Mapping[str, Any]], *, n: int, block_tokens: int, label: str,
+                 seed: int) -> dict[str, Any]:
+    """Measured TTFT cold and warm (``measure_ttft``, the optimizer's own function), means over ``n`` records."""
+    from promptdistill.optimize.verify import measure_ttft
+
+    rows = measure_ttft(engine, content, content_spec(spec, content), [], records, model=model, n=n,
+                        block_tokens=block_tokens, label=label, seed=seed)
+
+    def mean(cache: str) -> float | None:
+        sel = [r["ttft_ms"] for r in rows if r["cache"] == cache]
+        return round(statistics.fmean(sel), 1) if sel else None
+
+    return {"ttft_cold_ms": mean("cold"), "ttft_warm_ms": mean("warm"), "timing_n": len(rows) // 2}
+
+
+# -- ours ----------------------------------------------------------------------------------------------
+
+
+def fresh(path: Path) -> Path:
+    """``path`` with any previous file or folder (and SQLite side files) removed: a run starts cold."""
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    return path
+
+
+def sized_preset(name: str, n_dev: int, n_test: int) -> dict[str, Any]:
+    """The nightly's budget preset, its record counts set to the benchmark's split (everything else as is)."""
+    from promptdistill.pipeline.budgets import budget_preset
+
+    preset = budget_preset(name)
+    return {**preset, "distill": dataclasses.replace(preset["distill"], dev_size=n_dev),
+            "budget": dataclasses.replace(preset["budget"], dev_size=n_dev, test_size=n_test)}
+
+
+def run_ours(engine: Engine, model: Any, job: Any, preset: Mapping[str, Any], seed: int,
+             folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Distill then optimize through the pipeline stages; returns (figures, the optimizer's result)."""
+    from promptdistill.optimize.select import SelectionRule
+    from promptdistill.pipeline.stages import distill_stage, optimize_stage
+
+    meter = PhaseMeter(engine)
+    cache = fresh(folder / "lm_cache.sqlite")
+    started = time.monotonic()
+    distilled = distill_stage(meter, job, config=preset["distill"], seed=seed, out_dir=fresh(folder / "distill"),
+                              cache_path=cache)
+    result = optimize_stage(meter, job, ttft_model=model, budget=preset["budget"], selection=SelectionRule(), seed=seed,
+                            distilled=distilled, out_dir=fresh(folder / "optimize"), cache_path=cache)
+    minutes = (time.monotonic() - started) / 60.0
+    d, w = distilled["summary"], result["winner"]
+    if "{fewshot}" in result["content"]["user"]:
+        raise RuntimeError("the winner has per-request examples; this benchmark scores static templates only")
+    stage_tokens = {"distill": d["tokens_processed"], "optimize": result["prompt_tokens"] + result["completion_tokens"]}
+    phases = {k: dict(v) for k, v in sorted(meter.phases.items())}
+    figures = {
+        "winner": result["winner_id"], "kept_baseline": result["kept_baseline"], "reason": result["reason"],
+        "distill_winner": d["winner"], "distill_finalists": d["finalists"],
+        "minutes": round(minutes, 3), "stage_minutes": {"distill": round(d["elapsed_s"] / 60.0, 3),
+                                                         "optimize": round(result["minutes"], 3)},
+        # The stage results count every request asked for (through the LM cache): the headline.
+        "lm_calls": d["total_lm_calls"] + result["lm_calls"],
+        "tokens_processed": sum(stage_tokens.values()), "stage_tokens": stage_tokens,
+        # What reached the engine (cache misses), split by phase: prompt and completion apart.
+        "engine_calls": meter.total("calls"), "prompt_tokens_processed": meter.total("prompt_tokens"),
+        "completion_tokens_processed": meter.total("completion_tokens"),
+        "engine_tokens_processed": meter.total("prompt_tokens") + meter.total("completion_tokens"),
+        "timing_requests": result["timing_requests"], "phases": phases,
+        "instruction_tokens": None if w.get("instruction_tokens") is None else round(w["instruction_tokens"]),
+        "stage_test_mean": w.get("test_mean"), "stage_test_n": w.get("test_n"),
+        "stop": result.get("stop_reason"), "folder": str(folder),
+    }
+    return figures, result
+
+
+# -- the DSPy side -------------------------------------------------------------------------------------
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+
+
+def output_fields(spec: Any) -> dict[str, Any] | None:
+    """name -> Python type of the spec's output schema properties; None: a free-text ``answer``."""
+    schema = spec.output_schema or {}
+    props = schema.get("properties") if schema.get("type") == "object" else None
+    if not props:
+        return None
+    return {name: Literal[tuple(prop["enum"])] if "enum" in prop else _JSON_TYPES.get(prop.get("type"), str)  # type: ignore[misc]
+            for name, prop in props.items()}
+
+
+def start_instruction(spec: Any) -> str:
+    """The spec's system text without examples (instruction, context, rules): where the peers start, as ours does."""
+    from promptdistill.specs import build_system
+    from promptdistill.specs.render import render_text
+
+    return render_text(build_system(spec, ()), {})
+
+
+def make_signature(spec: Any) -> Any:
+    import dspy
+
+    fields: dict[str, Any] = {n: (str, dspy.InputField(desc=spec.input_descriptions.get(n) or n)) for n in spec.inputs}
+    for name, typ in (output_fields(spec) or {"answer": str}).items():
+        fields[name] = (typ, dspy.OutputField())
+    return dspy.Signature(fields, start_instruction(spec))
+
+
+def to_example(spec: Any, record: Mapping[str, Any]) -> Any:
+    import dspy
+
+    outs = output_fields(spec)
+    expected = record["expected"]
+    labels = {k: expected[k] for k in outs if k in expected} if outs and isinstance(expected, Mapping) else {
+        "answer": expected if isinstance(expected, str) else json.dumps(expected)}
+    return dspy.Example(**record["inputs"], **labels).with_inputs(*spec.inputs)
+
+
+def reply_of(spec: Any, pred: Any) -> str:
+    """A DSPy prediction as the reply text the spec's metric scores (the output fields' JSON)."""
+    outs = output_fields(spec)
+    try:
+        if outs:
+            return json.dumps({k: pred[k] for k in outs}, ensure_ascii=False)
+        return str(pred["answer"])
+    except (KeyError, AttributeError, TypeError):
+        return ""
+
+
+def expected_of(spec: Any, example: Any) -> Any:
+    outs = output_fields(spec)
+    return {k: example[k] for k in outs if k in example} if outs else example["answer"]
+
+
+def spec_score(spec: Any, example: Any, pred: Any) -> tuple[float, str, Any]:
+    """(the spec's score, the reply scored, the expected output): the one metric of every side."""
+    from promptdistill.specs.metrics import score_reply
+
+    reply, expected = reply_of(spec, pred), expected_of(spec, example)
+    score = score_reply(spec.metric, reply, expected, output_schema=spec.output_schema)
+    return float(score or 0.0), reply, expected
+
+
+def make_metric(spec: Any) -> Callable[..., Any]:
+    """The spec's metric for MIPROv2 and for scoring programs (bootstrapping keeps fully correct traces)."""
+
+    def metric(example: Any, pred: Any, trace: Any = None, *_: Any) -> float | bool:
+        score = spec_score(spec, example, pred)[0]
+        return score >= 1.0 if trace is not None else score
+
+    return metric
+
+
+def make_gepa_metric(spec: Any, ttft: Callable[[str], float] | None = None) -> Callable[..., Any]:
+    """The spec's metric as GEPA wants it: the score, textual feedback and, with ``ttft``, objective scores.
+
+    The feedback says what the expected output was and what came out (DSPy's GEPA
+    documentation: a bare score gives the reflection LM nothing to work with). With
+    ``ttft``, ``objective_scores`` holds the quality and minus the predicted expected TTFT
+    in seconds of the instruction that produced the prediction (higher is better for both).
+    """
+    import dspy
+
+    def metric(gold: Any, pred: Any, trace: Any = None, pred_name: Any = None, pred_trace: Any = None) -> Any:
+        score, reply, expected = spec_score(spec, gold, pred)
+        shown = expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
+        out = dspy.Prediction(score=score, feedback=f"Score {score:.2f} out of 1. The expected output is {shown}; "
+                                                    f"the output was {reply or '(nothing)'}.")
+        instruction = getattr(pred, "_pd_instruction", None)
+        if ttft is not None and instruction is not None:
+            out["objective_scores"] = {"quality": score, "neg_ttft_s": -ttft(instruction) / 1000.0}
+        return out
+
+    return metric
+
+
+def tagged_program(signature: Any) -> Any:
+    """A ``dspy.Predict`` whose predictions carry the instruction that made them (for the TTFT objective)."""
+    import dspy
+
+    class TaggedPredict(dspy.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.predict = dspy.Predict(signature)
+
+        def forward(self, **inputs: Any) -> Any:
+            pred = self.predict(**inputs)
+            pred._pd_instruction = self.predict.signature.instructions  # an attribute, not an output field
+            return pred
+
+    return TaggedPredict()
+
+
+class TTFTObjective:
+    """Predicted expected TTFT (ms) of the template an instruction makes, as our optimizer predicts it.
+
+    Mean over a few dev records of the TTFT model's cold and warm predictions, mixed with
+    the optimizer's assumed warm share; cached per instruction. DSPy calls the metric from
+    its threads while the engine runs: tokenizing uses a tokenizer of its own, under a lock.
+    """
+
+    def __init__(self, engine: Engine, model: Any, spec: Any, records: Sequence[Mapping[str, Any]], block_tokens: int):
+        from promptdistill.engine.tokenizer import HFTokenizer
+
+        path = getattr(engine, "model_path", None)
+        self.tokenizer = HFTokenizer(path) if path else engine
+        self.identity = engine.identity
+        self.model, self.spec, self.records, self.block_tokens = model, spec, list(records), block_tokens
+        self._lock = threading.Lock()
+        self._cache: dict[str, float] = {}
+
+    # the Tokenizer protocol predict_candidate needs, plus the identity the model checks
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.tokenize(text)
+
+    def apply_chat_template(self, messages: Any) -> str:
+        return self.tokenizer.apply_chat_template(messages)
+
+    def __call__(self, instruction: str) -> float:
+        from promptdistill.optimize.predict import predict_candidate
+        from promptdistill.optimize.select import ASSUMED_WARM_SHARE, expected_ttft
+
+        with self._lock:
+            if instruction not in self._cache:
+                p = predict_candidate(self, self.model, peer_spec(self.spec, instruction, []), self.records,  # type: ignore[arg-type]
+                                      block_tokens=self.block_tokens)
+                self._cache[instruction] = expected_ttft(p["ttft_cold_ms"], p["ttft_warm_ms"], ASSUMED_WARM_SHARE)
+            return self._cache[instruction]
+
+
+def gepa_objectives_supported() -> tuple[bool, str]:
+    """Does the installed DSPy pass a metric's ``objective_scores`` on to GEPA's Pareto frontier?"""
+    import inspect
+
+    try:
+        from dspy.teleprompt.gepa.gepa_utils import ScoreWithFeedback
+        from gepa import optimize as gepa_optimize
+    except ImportError as e:
+        return False, f"dspy.GEPA is not importable: {e}"
+    has_field = "objective_scores" in getattr(ScoreWithFeedback, "__annotations__", {})
+    has_frontier = "frontier_type" in inspect.signature(gepa_optimize).parameters
+    if has_field and has_frontier:
+        return True, ("DSPy's GEPA takes objective_scores from the metric's Prediction (ScoreWithFeedback) and gepa's "
+                      "frontier_type='hybrid' keeps per-objective fronts; the returned program is still the best by "
+                      "the scalar score (quality)")
+    return False, (f"objective scores are not supported: ScoreWithFeedback.objective_scores {has_field}, "
+                   f"gepa.optimize(frontier_type=...) {has_frontier}")
+
+
+def demo_records(spec: Any, demos: Sequence[Any]) -> list[dict]:
+    """A program's demos as dataset records (bootstrapped demos keep the model's outputs)."""
+    outs = output_fields(spec)
+    recs = []
+    for i, d in enumerate(demos):
+        try:
+            inputs = {n: d[n] for n in spec.inputs}
+            expected = {k: d[k] for k in outs} if outs else d["answer"]
+        except (KeyError, AttributeError):
+            continue
+        recs.append({"id": f"demo-{i}", "split": "train", "inputs": inputs, "expected": expected})
+    return recs
+
+
+def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[str, Sequence[dict]],
+             args: argparse.Namespace, folder: Path, block_tokens: int) -> dict[str, Any]:
+    """Compile one peer, score its program on test, export it as a template (content included)."""
+    import dspy
+
+    from promptdistill.core.stats import bootstrap_ci
+    from promptdistill.engine.dspy_bridge import make_dspy_lm
+    from promptdistill.specs.prompt import template_content
+
+    counter = CallCounter(engine)
+    temperature = 1.0 if kind.startswith("gepa") else 0.0  # GEPA's docs: a sampling reflection LM
+    prompt_lm = make_dspy_lm(counter, cache_dir=fresh(folder / f"dspy_cache_{kind}"), temperature=temperature,
+                             max_tokens=args.proposer_max_tokens, max_batch=32)
+    bridge = prompt_lm.bridge
+    task_lm = prompt_lm.copy(max_tokens=2 * (spec.max_tokens or 128) + 16, temperature=0.0)  # JSONAdapter's spacing
+    dspy.configure(lm=task_lm, adapter=dspy.JSONAdapter())
+    trainset = [to_example(spec, r) for r in split["train"]]
+    valset = [to_example(spec, r) for r in split["dev"]]
+    out: dict[str, Any] = {"kind": kind}
+    started = time.monotonic()
+    try:
+        if kind == "mipro":
+            from dspy.teleprompt import MIPROv2
+
+            optimizer = MIPROv2(metric=make_metric(spec), prompt_model=prompt_lm, task_model=task_lm, auto="light",
+                                max_bootstrapped_demos=args.max_bootstrapped_demos,
+                                max_labeled_demos=args.max_labeled_demos, num_threads=args.num_threads,
+                                max_errors=10**6, seed=args.seed + 9, verbose=False)
+            program = optimizer.compile(dspy.Predict(make_signature(spec)), trainset=trainset, valset=valset,
+                                        minibatch_size=min(35, len(valset)))
+        else:
+            ttft = TTFTObjective(engine, model, spec, split["dev"][:3], block_tokens) if kind == "gepa_ttft" else None
+            budget = {"auto": "light"} if args.gepa_metric_calls is None else {"max_metric_calls": args.gepa_metric_calls}
+            optimizer = dspy.GEPA(metric=make_gepa_metric(spec, ttft), reflection_lm=prompt_lm,
+                                  num_threads=args.num_threads, track_stats=True, seed=args.seed,
+                                  gepa_kwargs={"frontier_type": "hybrid"} if ttft is not None else None, **budget)
+            program = optimizer.compile(tagged_program(make_signature(spec)), trainset=trainset, valset=valset)
+            out.update(gepa_details(program, ttft))
+    except Exception as e:  # noqa: BLE001 - a failing peer is a result to report, not a crash
+        out.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=6))
+        program = None
+    out.update(minutes=round((time.monotonic() - started) / 60.0, 3), lm_calls=counter.calls,
+               rejected_too_long=counter.rejected, prompt_tokens_processed=bridge.prompt_tokens,
+               completion_tokens_processed=bridge.completion_tokens,
+               tokens_processed=bridge.prompt_tokens + bridge.completion_tokens, bridge_calls=bridge.calls)
+    if program is None:
+        bridge.close()
+        return out
+
+    # Its own program on test (DSPy's prompt, JSONAdapter): counted apart from its cost.
+    before = counter.calls
+    evaluation = dspy.Evaluate(devset=[to_example(spec, r) for r in split["test"]], metric=make_metric(spec),
+                               num_threads=args.num_threads, max_errors=10**6, failure_score=0.0,
+                               display_progress=False)(program)
+    ci = bootstrap_ci([float(s) for _, _, s in evaluation.results], seed=args.seed)
+    bridge.close()
+    predictor = program.predictors()[0]
+    instruction = predictor.signature.instructions
+    demos = demo_records(spec, predictor.demos)
+    from dspy.adapters import JSONAdapter
+
+    sent = [engine.count_tokens(JSONAdapter().format(predictor.signature, predictor.demos, dict(r["inputs"])))
+            for r in split["test"]]
+    pspec = peer_spec(spec, instruction, demos)
+    out.update(program_test_mean=ci.mean, program_test_ci_low=ci.low, program_test_ci_high=ci.high,
+               program_test_n=ci.n, test_eval_calls=counter.calls - before, instruction=instruction,
+               examples=len(demos), dspy_prompt_tokens=round(statistics.fmean(sent), 1) if sent else None,
+               instruction_tokens=len(engine.tokenize(pspec.instruction_text())),
+               content=template_content(pspec, demos, max_tokens=spec.max_tokens))
+    return out
+
+
+def gepa_details(program: Any, ttft: TTFTObjective | None) -> dict[str, Any]:
+    """What GEPA explored: candidates, metric calls, the chosen one's validation scores (and objectives)."""
+    r = getattr(program, "detailed_results", None)
+    if r is None:
+        return {}
+    best = r.best_idx
+    out: dict[str, Any] = {"candidates": len(r.candidates), "total_metric_calls": r.total_metric_calls,
+                           "full_val_evals": r.num_full_val_evals, "val_score": r.val_aggregate_scores[best],
+                           "val_score_seed": r.val_aggregate_scores[0]}
+    if ttft is not None and r.val_aggregate_subscores:
+        out["val_objectives"] = r.val_aggregate_subscores[best]
+        out["objective_best_candidates"] = {k: sorted(v) for k, v in (r.per_objective_best_candidates or {}).items()}
+        out["predicted_ttft_ms"] = {"chosen": ttft(r.candidates[best].predictors()[0].signature.instructions),
+                                    "seed": ttft(r.candidates[0].predictors()[0].signature.instructions)}
+    return out
+
+
+# -- one spec, every side ------------------------------------------------------------------------------
+
+
+def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from promptdistill.core.stats import bootstrap_ci, paired_diffs
+    from promptdistill.engine.cache import CachedEngine
+    from promptdistill.optimize import prefix_block_tokens
+    from promptdistill.specs.load import load_spec
+    from promptdistill.specs.render import render_messages
+
+    spec = load_spec(Path(args.prompts_dir) / f"{name}.yaml")
+    if spec.metric.kind == "judge_rubric":
+        raise SystemExit(f"{name}: judge-scored; the peers' metric would be our judge on this model (pick another spec)")
+    folder = work / name
+    split = bench_split(spec, args.train, args.dev, args.test, args.seed)
+    sizes = {k: len(v) for k, v in split.items()}
+    job = subset_job(spec, split, folder / "data")
+    sub = load_spec(Path(job.path))
+    test = split["test"]
+    block = prefix_block_tokens(engine)
+    print(f"\n===== {name}: train {sizes['train']}, dev {sizes['dev']}, test {sizes['test']}", flush=True)
+    started = time.monotonic()
+
+    print(f"[{name}] ours: distill then optimize ({args.budget} preset)", flush=True)
+    ours, result = run_ours(engine, model, job, sized_preset(args.budget, sizes["dev"], sizes["test"]), args.seed,
+                            folder / "ours")
+    sides: dict[str, dict[str, Any]] = {"ours": {**ours, "content": result["content"]}}
+    print(f"[{name}] ours: {ours['winner']} ({ours['reason'][:160]}); {ours['lm_calls']} LM calls, "
+          f"{ours['tokens_processed']} tokens, {ours['minutes']:.1f} min", flush=True)
+    for kind in args.peers:
+        print(f"[{name}] {kind}: compile", flush=True)
+        sides[kind] = run_peer(kind, engine, model, sub, split, args, folder, block)
+        s = sides[kind]
+        print(f"[{name}] {kind}: {s.get('error') or 'done'}; {s['lm_calls']} LM calls, {s['tokens_processed']} tokens, "
+              f"{s['minutes']:.1f} min; instruction: {str(s.get('instruction'))[:200]!r}", flush=True)
+
+    # Every template scored on test the same way; ours through its own LM cache (the
+    # optimizer verified this very template on these records: the same requests).
+    ours_lm = CachedEngine(engine, Path(ours["folder"]) / "lm_cache.sqlite")
+    try:
+        for side, s in sides.items():
+            if "content" in s:
+                s.update(template_scores(ours_lm if side == "ours" else engine, sub, s["content"], test, args.seed))
+    finally:
+        ours_lm.close()
+
+    # Then every template timed, one after the other, by the optimizer's own function.
+    print(f"[{name}] timing every template ({args.timing_records} test records, cold and warm)", flush=True)
+    first = sides["ours"]["content"]
+    engine.generate([GenerationRequest(messages=render_messages(first["system"], first["user"], test[0]["inputs"]),
+                                       max_tokens=1)])  # discarded: the first timing after a pause runs slow
+    for side, s in sides.items():
+        if "content" in s:
+            s.update(ttft_figures(engine, model, sub, s["content"], test, n=args.timing_records, block_tokens=block,
+                                  label=side, seed=args.seed))
+
+    ours = sides["ours"]
+    comparisons = {}
+    for kind in args.peers:
+        peer = sides[kind]
+        c: dict[str, Any] = {}
+        for key in RATIO_FIELDS:
+            a, b = ours.get(key), peer.get(key)
+            c[f"{key}_ours_over_peer"] = round(a / b, 3) if a is not None and b else None
+        if peer.get("scores") is not None:
+            diffs = paired_diffs(ours["scores"], peer["scores"])
+            d = bootstrap_ci(diffs.tolist(), seed=args.seed)
+            c.update(quality_diff=d.mean, quality_diff_ci_low=d.low, quality_diff_ci_high=d.high, quality_diff_n=d.n)
+        c["goal"] = goal(ours, peer)
+        comparisons[kind] = c
+    for s in sides.values():
+        s.pop("scores", None)
+    minutes = (time.monotonic() - started) / 60.0
+    print(f"[{name}] done in {minutes:.1f} min: " + json.dumps({k: v["goal"] for k, v in comparisons.items()}),
+          flush=True)
+    return {"split": sizes, "minutes": round(minutes, 2), "sides": sides, "comparisons": comparisons}
+
+
+def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
+    """The issue's goal against one peer: quality at least the peer's (or inside its interval), a
+    shorter prompt, a lower cold TTFT, and at most a third of the peer's tokens processed."""
+
+    def known(*values: Any) -> bool:
+        return all(v is not None for v in values)
+
+    q, pq, low = ours.get("test_mean"), peer.get("test_mean"), peer.get("test_ci_low")
+    checks = {
+        "quality": (q >= pq or q >= low) if known(q, pq, low) else None,
+        "prompt_tokens": ours["prompt_tokens"] < peer["prompt_tokens"] if known(ours.get("prompt_tokens"),
+                                                                                peer.get("prompt_tokens")) else None,
+        "ttft_cold": ours["ttft_cold_ms"] < peer["ttft_cold_ms"] if known(ours.get("ttft_cold_ms"),
+                                                                          peer.get("ttft_cold_ms")) else None,
+        "tokens_processed": ours["tokens_processed"] <= GOAL_TOKENS_SHARE * peer["tokens_processed"]
+        if known(ours.get("tokens_processed"), peer.get("tokens_processed")) else None,
+    }
+    checks["met"] = all(v is True for v in checks.values())
+    return checks
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+
+def _f(v: Any, fmt: str = ".3f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _ci(s: Mapping[str, Any], prefix: str = "test_") -> str:
+    if s.get(f"{prefix}mean") is None:
+        return "-"
+    return f"{_f(s[f'{prefix}mean'])} [{_f(s[f'{prefix}ci_low'])}, {_f(s[f'{prefix}ci_high'])}] (n={s[f'{prefix}n']})"
+
+
+def _mark(v: Any) -> str:
+    return "-" if v is None else ("yes" if v else "**no**")
+
+
+def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], total_minutes: float) -> str:
+    peers = config["peers"]
+    intro = (f"Budget preset `{config['budget']}` for ours (distiller, then optimizer, through the pipeline stages); "
+             f"DSPy {config['dspy_version']}, JSONAdapter; seed {config['seed']}. Test quality is every side's exported "
+             "template scored by `promptdistill.evaluate` (what a service gets); the DSPy program's own score is beside "
+             "it. Tokens processed: prompt + completion of every LM request of the search (peers: compile, counted "
+             "by the DSPy bridge; ours: the stage results, held-out verification included). Prompt tokens: the "
+             "rendered chat prompt (served tokenizer), mean over the test records; instruction tokens: "
+             "`Spec.instruction_text()`. TTFT: measured, mean of "
+             f"{config['timing_records']} test records each. Whole run: {total_minutes:.1f} minutes.")
+    lines = ["# Ours against DSPy MIPROv2 and GEPA (auto=light): same engine, records and metric", "", intro, ""]
+    for name, r in rows.items():
+        sp = r["split"]
+        lines += [f"## {name} (train {sp['train']}, dev {sp['dev']}, test {sp['test']}; {r['minutes']:.1f} min)", "",
+                  ("| side | test quality, template [95% CI] | DSPy program score [95% CI] | LM calls | tokens processed "
+                   "(prompt + completion) | minutes | prompt tokens | instruction tokens | TTFT cold ms | TTFT warm ms |"),
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for side, s in r["sides"].items():
+            split_tokens = (f"{s['prompt_tokens_processed']} + {s['completion_tokens_processed']}"
+                            if s.get("prompt_tokens_processed") is not None else "")
+            engine_note = (f"; {s['engine_tokens_processed']} reached the engine"
+                           if side == "ours" and s.get("engine_tokens_processed") is not None else "")
+            err = f" (failed: {s['error'][:80]})" if s.get("error") else ""
+            lines.append(
+                f"| {side}{err} | {_ci(s)} | {_ci(s, 'program_test_')} | {s.get('lm_calls')} | "
+                f"{s.get('tokens_processed')} ({split_tokens}{engine_note}) | {_f(s.get('minutes'), '.1f')} | "
+                f"{_f(s.get('prompt_tokens'), '.0f')} | {_f(s.get('instruction_tokens'), '.0f')} | "
+                f"{_f(s.get('ttft_cold_ms'), '.0f')} | {_f(s.get('ttft_warm_ms'), '.0f')} |")
+        for kind in peers:
+            c = r["comparisons"][kind]
+            diff = (f"{_f(c.get('quality_diff'), '+.3f')} [{_f(c.get('quality_diff_ci_low'), '+.3f')}, "
+                    f"{_f(c.get('quality_diff_ci_high'), '+.3f')}] (paired diff)")
+            lines.append(
+                f"| ours/{kind} | {diff} | | {_f(c['lm_calls_ours_over_peer'], '.2f')}x | "
+                f"{_f(c['tokens_processed_ours_over_peer'], '.2f')}x | {_f(c['minutes_ours_over_peer'], '.2f')}x | "
+                f"{_f(c['prompt_tokens_ours_over_peer'], '.2f')}x | {_f(c['instruction_tokens_ours_over_peer'], '.2f')}x | "
+                f"{_f(c['ttft_cold_ms_ours_over_peer'], '.2f')}x | {_f(c['ttft_warm_ms_ours_over_peer'], '.2f')}x |")
+        ours = r["sides"]["ours"]
+        kept = " (baseline kept)" if ours["kept_baseline"] else ""
+        lines += ["", f"Ours: **{ours['winner']}**{kept}: {ours['reason']}", ""]
+    lines += ["## The goal, per spec and peer", "",
+              ("Quality at least the peer's (or inside its 95% interval), fewer prompt tokens, lower cold TTFT, at "
+               f"most {GOAL_TOKENS_SHARE:.2f} of the peer's tokens processed."), "",
+              "| spec | peer | quality | prompt tokens | cold TTFT | tokens processed <= 1/3 | all |", "|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        for kind in peers:
+            g = r["comparisons"][kind]["goal"]
+            lines.append(f"| {name} | {kind} | {_mark(g['quality'])} | {_mark(g['prompt_tokens'])} | "
+                         f"{_mark(g['ttft_cold'])} | {_mark(g['tokens_processed'])} | {_mark(g['met'])} |")
+    lines += ["", "## Where our tokens go (requests that reached the engine, by phase)", "",
+              "| spec | phase | LM calls | prompt tokens | completion tokens | share of tokens |", "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        ours = r["sides"]["ours"]
+        total = max(1, ours["engine_tokens_processed"])
+        for phase, p in sorted(ours["phases"].items(), key=lambda kv: -(kv[1]["prompt_tokens"] + kv[1]["completion_tokens"])):
+            t = p["prompt_tokens"] + p["completion_tokens"]
+            lines.append(f"| {name} | {phase} | {p['calls']} | {p['prompt_tokens']} | {p['completion_tokens']} | "
+                         f"{100 * t / total:.0f}% |")
+        lines.append(f"| {name} | stage results (asked, cache hits included) | {ours['lm_calls']} | | | "
+                     f"{ours['tokens_processed']} tokens: distill {ours['stage_tokens']['distill']}, optimize "
+                     f"{ours['stage_tokens']['optimize']} |")
+    lines += ["", "## The peers' instructions, as they wrote them", ""]
+    for name, r in rows.items():
+        for kind in peers:
+            s = r["sides"][kind]
+            extra = f", {s['examples']} demos" if s.get("examples") else ""
+            if s.get("error"):
+                lines += [f"**{name} / {kind}**: failed: `{s['error']}`", ""]
+                continue
+            lines += [f"**{name} / {kind}** ({s.get('instruction_tokens')} tokens{extra}):", "", "```text",
+                      str(s.get("instruction")).strip(), "```", ""]
+    lines += [f"GEPA with predicted TTFT as a second objective: {config['gepa_objectives']}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
+    p.add_argument("--budget", default="quick", help="ours: the nightly's budget preset (smoke, quick, full)")
+    p.add_argument("--train", type=int, default=100, help="train records (ours: example pool; peers: trainset)")
+    p.add_argument("--dev", type=int, default=400, help="dev records (ours: screen + race; peers: valset)")
+    p.add_argument("--test", type=int, default=200, help="held-out test records every template is scored on")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
+    p.add_argument("--gepa-metric-calls", type=int, default=None,
+                   help="GEPA's max_metric_calls instead of auto='light' (the smoke test's size)")
+    p.add_argument("--num-threads", type=int, default=16, help="DSPy's threads (their calls are batched)")
+    p.add_argument("--max-bootstrapped-demos", type=int, default=4, help="MIPROv2's (DSPy's default 4)")
+    p.add_argument("--max-labeled-demos", type=int, default=4, help="MIPROv2's (DSPy's default 4)")
+    p.add_argument("--proposer-max-tokens", type=int, default=512,
+                   help="max_tokens of MIPROv2's proposer and GEPA's reflection calls")
+    p.add_argument("--timing-records", type=int, default=3, help="test records timed cold and warm per template")
+    p.add_argument("--prompts-dir", default="prompts")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.peers = [k.strip() for k in args.peers.split(",") if k.strip()]
+    unknown = [k for k in args.peers if k not in PEERS]
+    if unknown:
+        p.error(f"unknown peers {unknown}; known: {', '.join(PEERS)}")
+    if args.train < 1 or args.dev < 2 or args.test < 2:
+        p.error("--train must be at least 1, --dev and --test at least 2")
+    supported, why = gepa_objectives_supported()
+    if "gepa_ttft" in args.peers and not supported:
+        print(f"gepa_ttft skipped: {why}", flush=True)
+        args.peers.remove("gepa_ttft")
+
+    import dspy
+
+    from promptdistill.engine import load_engine
+    from promptdistill.pipeline.ttft_models import load_ttft_model
+    from promptdistill.registry.store import Registry
+
+    settings = load_settings()
+    work = Path(settings.state_dir) / "bench" / "peers"
+    rows: dict[str, Any] = {}
+    started = time.monotonic()
+    with load_engine(settings.engine) as engine:
+        model = load_ttft_model(Registry(settings.registry), engine.identity)
+        for name in args.specs:
+            rows[name] = compare_spec(engine, model, name, args, work)
+        identity = engine.identity.to_dict()
+    total = (time.monotonic() - started) / 60.0
+    config = {k: getattr(args, k) for k in ("budget", "train", "dev", "test", "peers", "gepa_metric_calls",
+                                             "num_threads", "max_bootstrapped_demos", "max_labeled_demos",
+                                             "proposer_max_tokens", "timing_records", "seed")}
+    config.update({"mipro_auto": "light", "gepa_auto": "light" if args.gepa_metric_calls is None else None,
+                   "dspy_version": dspy.__version__, "adapter": "JSONAdapter", "ttft_model": model.version,
+                   "gepa_objectives": why, "gepa_objectives_supported": supported,
+                   "skipped": {"summarize": "judge-scored: the peers' metric would be our own judge on the 135M "
+                                            "model, so the comparison would measure the judge, not the optimizers"}})
+    result = {"config": config, "identity": identity, "total_minutes": round(total, 2), "specs": rows}
+    write_report("peers", result, markdown(rows, config, total))
+    return result
+
+
+if __name__ == "__main__":
+    main()
