@@ -22,6 +22,14 @@ import pytest
 
 from test_user_project import FUNCTION, METRIC, make_project
 
+# Label-free records get the current prompt's own reply as ``expected``: the team's metric
+# scores agreement with it there, and its labelled rule where a record has labels.
+METRIC_WITH_REFERENCES = METRIC.replace(
+    '    allowed = expected["allowed"]\n',
+    '    if "allowed" not in expected:  # the baseline\'s reply is the reference\n'
+    '        return float(isinstance(expected, dict) and parsed.get("time") == expected.get("time"))\n'
+    '    allowed = expected["allowed"]\n')
+
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +77,7 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
     env.pop("PROMPTDISTILL_REGISTRY", None)
     env.pop("PROMPTDISTILL_STATE_DIR", None)
     subprocess.run([str(cli), "init", str(project)], check=True, env=env, timeout=120, capture_output=True)
-    make_project(project, labelled=False)
+    make_project(project, labelled=False, metric_source=METRIC_WITH_REFERENCES)
     config = (project / "promptdistill.toml").read_text()
     config = config.replace("# [judge]\n# backend = \"server\"\n# server_urls = [\"http://127.0.0.1:8001/v1\"]\n"
                             "# served_model_name = \"my-judge\"",
@@ -100,4 +108,4 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
     assert provenance["engine"]["backend"] == "vllm-local"
     assert provenance["dataset"]["file"] == "tool_call.jsonl"
     assert (project / ".promptdistill").is_dir() and (project / "artifacts" / "registry").is_dir()
-    assert METRIC  # the project's own metric module scored every reply (a failure would have failed the run)
+    assert METRIC_WITH_REFERENCES != METRIC  # the project's own metric scored every reply (a failure fails the run)
