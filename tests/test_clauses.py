@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from bundled_specs import load_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bundled_specs import load_spec
 from promptdistill.distill.clauses import (
+    Clause,
     apply_clauses,
     join_clauses,
     mark_clause,
@@ -60,7 +61,19 @@ def test_split_is_lossless_on_any_text(parts):
     text = "".join(parts).strip()
     clauses = split_text_clauses(text)
     assert join_clauses(clauses) == text
+    assert "".join(c.sep + c.text for c in clauses) == text
     assert all(c.text == c.text.strip() and c.text for c in clauses)
+
+
+def test_the_cutter_is_the_light_shared_one_and_its_separators_keep_everything():
+    from promptdistill.specs import clauses as shared
+
+    assert split_text_clauses is shared.split_text_clauses and Clause is shared.Clause
+    text = "  Intro, e.g. Foo. Next!\n\nRules:\n- a\n2) b {x. Y} c.  \n"
+    parts = shared.split_text_clauses(text)
+    assert [c.text for c in parts] == ["Intro, e.g. Foo.", "Next!", "Rules:", "a", "b {x. Y} c."]
+    assert [c.sep for c in parts] == ["  ", " ", "\n\n", "\n- ", "\n2) "]
+    assert "".join(c.sep + c.text for c in parts) == text.rstrip()  # trailing whitespace aside
 
 
 def test_protection_rules():

@@ -4,6 +4,8 @@
 rules, and takes every constraint as one clause. Cutting is lossless: joining all of an
 instruction's clauses with their recorded separators gives the instruction back. Nothing
 is ever cut inside braces or double quotes, so a placeholder or a JSON example stays whole.
+The cutter (``Clause``, ``split_text_clauses``) is :mod:`promptdistill.specs.clauses`,
+shared with the prompt diff (:mod:`promptdistill.specs.diff`); it is re-exported here.
 
 A clause is *protected* (never pruned, never rewritten) when it states an output-format
 rule or carries a literal template fragment:
@@ -25,8 +27,11 @@ Example:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
+
+# The cutter lives in the light specs layer (the prompt diff uses it too); both names
+# stay importable from here.
+from promptdistill.specs.clauses import Clause, split_text_clauses
 
 __all__ = [
     "Clause",
@@ -38,83 +43,7 @@ __all__ = [
     "split_text_clauses",
 ]
 
-_BULLET = re.compile(r"^(\s*)((?:[-*\u2022]|\d{1,3}[.)])\s+)")
-_ABBREVIATIONS = {"e.g", "i.e", "etc", "vs", "cf", "mr", "mrs", "ms", "dr", "no", "approx", "incl", "fig"}
 _FORMAT_WORDS = re.compile(r"\bjson\b|\breply only\b|\brespond only\b|\bof the form\b|\bnothing else\b", re.I)
-
-
-@dataclass(frozen=True)
-class Clause:
-    """One prunable (or protected) piece of an instruction."""
-
-    id: str
-    """'i3' for the 4th instruction clause, 'c0' for the first constraint."""
-    text: str
-    source: str
-    """'instruction' or 'constraint'."""
-    index: int
-    """Position within its source."""
-    sep: str = ""
-    """Text between the previous clause and this one in the original (bullet markers included)."""
-    protected: bool = False
-    reason: str | None = None
-    """Why the clause is protected."""
-
-
-def _sentence_ends(line: str) -> list[int]:
-    """Offsets just after each sentence end in ``line`` (outside braces and double quotes)."""
-    ends, depth, quoted = [], 0, False
-    for i, ch in enumerate(line):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth = max(0, depth - 1)
-        elif ch == '"':
-            quoted = not quoted
-        elif ch in ".!?" and depth == 0 and not quoted:
-            j = i + 1
-            while j < len(line) and line[j] in "\"')]":
-                j += 1
-            if j >= len(line) or not line[j].isspace():
-                continue  # "shop.example/products", "3.5", or the end of the line
-            rest = line[j:].lstrip()
-            if not rest or not (rest[0].isupper() or rest[0].isdigit() or rest[0] in "\"'(["):
-                continue
-            word = re.findall(r"[A-Za-z.]+$", line[: i])
-            if word and word[0].lower().strip(".") in _ABBREVIATIONS:
-                continue
-            ends.append(j)
-    return ends
-
-
-def split_text_clauses(text: str, *, source: str = "instruction", prefix: str = "i") -> list[Clause]:
-    """Cut free text into clauses at sentence ends, line breaks and bullet markers.
-
-    The clauses' ``sep`` + ``text`` concatenated give ``text`` back (trailing whitespace
-    aside), so the cut is lossless.
-    """
-    pieces: list[tuple[str, str]] = []  # (separator, clause text)
-    pending = ""
-    for line in re.split(r"(\n)", text):
-        if line == "\n":
-            pending += line
-            continue
-        bullet = _BULLET.match(line)
-        if bullet:
-            pending += bullet.group(0)
-            line = line[bullet.end() :]
-        start = 0
-        for end in _sentence_ends(line) + [len(line)]:
-            chunk = line[start:end]
-            lead = chunk[: len(chunk) - len(chunk.lstrip())]
-            body = chunk.strip()
-            if body:
-                pieces.append((pending + lead, body))
-                pending = chunk[len(lead) + len(body) :]
-            else:
-                pending += chunk
-            start = end
-    return [Clause(f"{prefix}{n}", body, source, n, sep) for n, (sep, body) in enumerate(pieces)]
 
 
 def _enum_values(schema: Mapping[str, Any] | None) -> list[str]:
