@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from bundled_specs import PROMPTS
 from fakes import FAKE_IDENTITY, FakeEngine
+from PIL import Image
 
 from promptdistill.optimize import OptimizeBudget, optimize
+from promptdistill.pipeline import night_report
 from promptdistill.pipeline.night_report import (
     REPORT_PART,
     Night,
@@ -33,12 +33,13 @@ from promptdistill.pipeline.night_report import (
     prompt_diff,
     prompt_rows,
     render_night_report,
-    split_clauses,
     write_night_report,
 )
 from promptdistill.pipeline.report import failed_row, summary_frame, summary_row
 from promptdistill.pipeline.stages import result_figures
 from promptdistill.registry.store import Registry
+from promptdistill.specs.clauses import split_text_clauses
+from promptdistill.specs.diff import DiffOp, diff_units
 from promptdistill.specs.load import load_spec
 from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
 from promptdistill.ttft.model import TTFTModel
@@ -46,14 +47,20 @@ from promptdistill.ttft.model import TTFTModel
 # --- the diff ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["", "One.", "Be kind. Be brief!\n\nRules:\n- a\n- b.\n", "No end", "A.  B.\n\n\nC?"])
-def test_clauses_join_back_to_the_text(text):
-    assert "".join(split_clauses(text)) == text
+@pytest.mark.parametrize("text", ["", "One.", "Be kind. Be brief!\n\nRules:\n- a\n- b.\n", "No end", "A.  B.\n\n\nC?",
+                                  "  \n", "  Lead. Trail.  \n\n"])
+def test_diff_units_join_back_to_the_text(text):
+    assert "".join(diff_units(text)) == text
+    ops = prompt_diff(text, "Other.")
+    assert "".join(o.before for o in ops) == text and "".join(o.after for o in ops) == "Other."
 
 
-def test_clauses_are_sentences_within_lines():
-    assert [c.strip() for c in split_clauses('Say "hi." Then stop.\nRules:\n- One.')] == \
-        ['Say "hi."', "Then stop.", "Rules:", "- One."]
+def test_diff_units_are_the_shared_clauses_with_their_separators():
+    # The distiller's cutter: nothing is cut inside quotes, nor after "e.g.".
+    assert diff_units('Say "hi." Then stop, e.g. Now.\nRules:\n- One.\n') == \
+        ['Say "hi." Then stop, e.g. Now.', "\nRules:", "\n- One.\n"]
+    assert diff_units("A. B.") == [c.sep + c.text for c in split_text_clauses("A. B.")]
+    assert prompt_diff is night_report.prompt_diff and DiffOp is night_report.DiffOp
 
 
 def test_the_diff_marks_removed_added_and_rewritten_clauses():
@@ -61,7 +68,7 @@ def test_the_diff_marks_removed_added_and_rewritten_clauses():
     after = "Answer with one label only.\n\nTicket: x\nAnswer: billing\n\nTicket: y\nAnswer: shipping"
     ops = prompt_diff(before, after)
     assert [o.kind for o in ops] == ["removed", "rewritten", "same", "added"]
-    assert ops[0].before == "You are helpful. Read the ticket carefully. "
+    assert ops[0].before == "You are helpful. Read the ticket carefully."  # a clause's space goes before it
     assert ops[1].after.startswith("Answer with one label only.")
     # Both sides come back whole: the diff loses nothing.
     assert "".join(o.before for o in ops) == before and "".join(o.after for o in ops) == after
@@ -70,7 +77,10 @@ def test_the_diff_marks_removed_added_and_rewritten_clauses():
 
 def test_whitespace_alone_is_no_change_and_the_text_diff_reads():
     assert [o.kind for o in prompt_diff("A. B.", "A.  B.")] == ["same"]
-    assert diff_text(prompt_diff("Be kind. Be brief.", "Be brief. Be quick.")) == "[-Be kind. -]Be brief. {+Be quick.+}"
+    assert diff_text(prompt_diff("Be kind. Be brief.", "Be brief. Be quick.")) == "[-Be kind.-] Be brief. {+Be quick.+}"
+    assert diff_text(prompt_diff("Use one, e.g. Foo. Stop.", "Use one, e.g. Bar. Stop.")) == \
+        "[~Use one, e.g. Foo.~>Use one, e.g. Bar.~] Stop."
+    assert diff_counts(prompt_diff("Be kind.\n- a\n- b", "Be kind.")) == {"removed": 2, "added": 0, "rewritten": 0}
 
 
 # --- a page from stored files ----------------------------------------------------------------

@@ -9,8 +9,8 @@ What it reads (never an engine, never Prefect):
 * the TTFT model's fit figure, stored with the model in the registry.
 
 What it shows: the summary table on top; per spec, the published prompt beside the
-baseline as a clause-level diff (:func:`prompt_diff`), the decision and its numbers,
-the Pareto plot and the TTFT model's fit plot. CSS is inline and images are data URIs,
+baseline as a clause-level diff (:func:`promptdistill.specs.diff.prompt_diff`, re-exported
+here), the decision and its numbers, the Pareto plot and the TTFT model's fit plot. CSS is inline and images are data URIs,
 so the page opens offline. It is stored beside the run logs (``runs/<run_id>/report.html``);
 ``promptdistill report RUN_ID`` rebuilds it.
 """
@@ -18,7 +18,6 @@ so the page opens offline. It is stored beside the run logs (``runs/<run_id>/rep
 from __future__ import annotations
 
 import base64
-import difflib
 import html
 import json
 import math
@@ -35,122 +34,17 @@ from promptdistill.core.errors import PromptDistillError, RegistryError
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
 from promptdistill.specs.datasets import dataset_for
+from promptdistill.specs.diff import DiffOp, diff_counts, diff_text, prompt_diff
 from promptdistill.specs.load import load_spec
 from promptdistill.specs.prompt import build_system
 
 __all__ = ["REPORT_PART", "DiffOp", "Night", "diff_counts", "diff_text", "latest_run_id", "load_night", "prompt_diff",
-           "prompt_rows", "render_night_report", "split_clauses", "write_night_report"]
+           "prompt_rows", "render_night_report", "write_night_report"]
 
 REPORT_PART = "report"
 """Run log part holding what the report needs beyond the summary rows (prompt texts, folders)."""
 REPORT_FILE = "report.html"
 TTFT_FIT_FIGURE = "pred_vs_measured"
-
-
-# ------------------------------------------------------------------------- the diff
-@dataclass(frozen=True)
-class DiffOp:
-    """One stretch of a prompt diff: ``same``, ``removed``, ``added`` or ``rewritten`` (old -> new)."""
-
-    kind: str
-    before: str
-    after: str
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
-
-
-def split_clauses(text: str) -> list[str]:
-    """Cut a prompt into clauses: sentences within lines, each with its trailing whitespace.
-
-    Lossless: ``"".join(split_clauses(t)) == t``, so a diff shows the text as written.
-    """
-    units: list[str] = []
-    for line in text.splitlines(keepends=True):
-        start = 0
-        for m in _SENTENCE_END.finditer(line):
-            units.append(line[start:m.end()])
-            start = m.end()
-        if start < len(line):
-            units.append(line[start:])
-    return units
-
-
-def _similar(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a.lower().split(), b.lower().split(), autojunk=False).ratio()
-
-
-def _refine(old: list[str], new: list[str]) -> list[DiffOp]:
-    """A replaced run of clauses: pair each new clause, in order, with the most similar old
-    one after the last pair (``rewritten``); the rest were ``removed`` or ``added``. With no
-    pair at all, the run was rewritten as a whole."""
-    ops: list[DiffOp] = []
-    start = 0
-    for unit in new:
-        scores = [(_similar(o, unit), i) for i, o in enumerate(old[start:], start) if o.strip()]
-        score, best = max(scores, default=(0.0, -1))
-        if not unit.strip() or score < 0.5:
-            ops.append(DiffOp("added", "", unit))
-            continue
-        if best > start:
-            ops.append(DiffOp("removed", "".join(old[start:best]), ""))
-        ops.append(DiffOp("rewritten", old[best], unit))
-        start = best + 1
-    if start < len(old):
-        ops.append(DiffOp("removed", "".join(old[start:]), ""))
-    if not any(o.kind == "rewritten" for o in ops):
-        return [DiffOp("rewritten", "".join(old), "".join(new))]
-    return ops
-
-
-def _merge(ops: Iterable[DiffOp]) -> list[DiffOp]:
-    out: list[DiffOp] = []
-    for o in ops:
-        if out and out[-1].kind == o.kind and o.kind != "rewritten":
-            out[-1] = DiffOp(o.kind, out[-1].before + o.before, out[-1].after + o.after)
-        else:
-            out.append(o)
-    return out
-
-
-def prompt_diff(before: str, after: str) -> list[DiffOp]:
-    """The clause-level diff of two prompts (``difflib`` on clauses, whitespace ignored).
-
-    A clause only in ``before`` is ``removed``, only in ``after`` ``added``; a clause
-    replaced by a similar one (half its words or more in common) is ``rewritten``, and so
-    is a run of clauses replaced by unrelated ones. The one diff both the night report and
-    ``promptdistill templates diff`` use.
-
-    Example:
-        >>> [op.kind for op in prompt_diff("Be kind. Be brief. Answer.", "Be brief. Answer now.")]
-        ['removed', 'same', 'rewritten']
-    """
-    a, b = split_clauses(before), split_clauses(after)
-    matcher = difflib.SequenceMatcher(None, [u.strip() for u in a], [u.strip() for u in b], autojunk=False)
-    ops: list[DiffOp] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "replace":
-            ops += _refine(a[i1:i2], b[j1:j2])
-        else:
-            ops.append(DiffOp({"equal": "same", "delete": "removed", "insert": "added"}[tag],
-                              "".join(a[i1:i2]), "".join(b[j1:j2])))
-    return _merge(ops)
-
-
-def diff_text(ops: Sequence[DiffOp]) -> str:
-    """The diff for a terminal: ``[-removed-]``, ``{+added+}``, ``[~old~>new~]``."""
-    marks = {"removed": lambda o: f"[-{o.before}-]", "added": lambda o: f"{{+{o.after}+}}",
-             "rewritten": lambda o: f"[~{o.before}~>{o.after}~]", "same": lambda o: o.after}
-    return "".join(marks[o.kind](o) for o in ops)
-
-
-def diff_counts(ops: Sequence[DiffOp]) -> dict[str, int]:
-    """Clauses per kind (blank ones not counted): what the diff's heading says."""
-    out = {"removed": 0, "added": 0, "rewritten": 0}
-    for o in ops:
-        if o.kind in out:
-            out[o.kind] += sum(1 for u in split_clauses(o.before if o.kind == "removed" else o.after) if u.strip())
-    return out
 
 
 # ------------------------------------------------------------ what the run stores
@@ -332,11 +226,21 @@ def _diff_html(before: str | None, after: str | None) -> tuple[str, str, dict[st
     if before is None:
         return '<span class="muted">(not available)</span>', _e(after), {}
     ops = prompt_diff(before, after or "")
-    left = "".join(_e(o.before) if o.kind == "same" else f'<del class="{o.kind}">{_e(o.before)}</del>'
+    left = "".join(_e(o.before) if o.kind == "same" else _marked("del", o.kind, o.before)
                    for o in ops if o.kind != "added")
-    right = "".join(_e(o.after) if o.kind == "same" else f'<ins class="{o.kind}">{_e(o.after)}</ins>'
+    right = "".join(_e(o.after) if o.kind == "same" else _marked("ins", o.kind, o.after)
                     for o in ops if o.kind != "removed")
     return left, right, diff_counts(ops)
+
+
+def _marked(tag: str, kind: str, text: str) -> str:
+    """``text`` escaped in ``<tag class=kind>``, its leading and trailing whitespace (a
+    clause's separator: spaces, line breaks) outside the tag, so no blank is struck."""
+    core = text.strip()
+    if not core:
+        return _e(text)
+    start = len(text) - len(text.lstrip())
+    return f'{_e(text[:start])}<{tag} class="{kind}">{_e(core)}</{tag}>{_e(text[start + len(core):])}'
 
 
 def _prompt_section(p: Mapping[str, Any], version: str) -> str:
