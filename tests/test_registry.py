@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -12,13 +13,20 @@ import textwrap
 import time
 from pathlib import Path
 
-import logging
-
 import pytest
 
 from promptdistill.cli import main as cli_main
-from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
-from promptdistill.registry import Registry, StoreUnavailableError, content_hash, parse_ref
+from promptdistill.core.errors import (
+    IntegrityError,
+    RegistryError,
+    TemplateNotFoundError,
+)
+from promptdistill.registry import (
+    Registry,
+    StoreUnavailableError,
+    content_hash,
+    parse_ref,
+)
 from promptdistill.registry.backend import STALE_TEMP_S
 from promptdistill.registry.collection import Collection, label_stack
 
@@ -387,6 +395,25 @@ def test_cli_refuses_non_ascii_versions(reg, capsys):
         cli_main(["templates", "promote", "summarize", "３", "--label", "production", *root])
     assert info.value.code == 2 and "invalid version '３'" in capsys.readouterr().err
     assert cli_main(["templates", "diff", "summarize:1", "1", *root]) == 0
+
+
+def test_templates_diff_adds_the_system_prompt_clause_by_clause(reg, capsys):
+    reg.publish("summarize", make_content("Read the text carefully. Summarize it in one sentence. Be kind, e.g. Polite."))
+    reg.publish("summarize", make_content("Summarize it in one short sentence. Be kind, e.g. Polite.\n- No lists",
+                                          max_tokens=32))
+    reg.publish("summarize", make_content("Summarize it in one short sentence.  Be kind, e.g. Polite.\n- No lists"))
+    root = ["--root", reg.root]
+    assert cli_main(["templates", "diff", "summarize:1", "2", *root]) == 0
+    out = capsys.readouterr().out
+    # The unified diff of the whole content stays; the clause diff follows it ("e.g." cuts nothing).
+    assert "-[max_tokens] 64" in out and "+[max_tokens] 32" in out and "-Read the text carefully." in out
+    assert ("\nsystem prompt: 1 clause removed, 1 added, 1 rewritten\n[-Read the text carefully.-] "
+            "[~Summarize it in one sentence.~>Summarize it in one short sentence.~] Be kind, e.g. Polite.\n"
+            "{+- No lists+}\n") in out
+    assert cli_main(["templates", "diff", "summarize:2", "3", *root]) == 0
+    assert "system prompt: the same clauses (only whitespace changed)" in capsys.readouterr().out
+    assert cli_main(["templates", "diff", "summarize:1", "summarize:1", *root]) == 0
+    assert "system prompt" not in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------ integrity

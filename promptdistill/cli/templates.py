@@ -9,6 +9,11 @@
     promptdistill templates publish summarize content.json [--label candidate] [--parent 2]
     promptdistill templates sync-mlflow [summarize ...] --tracking-uri http://mlflow:5000
 
+``diff`` prints a unified diff of the whole content (messages, schema, sampling); when the
+system prompts differ, then their clause-level diff (``promptdistill.specs.diff``, the one
+the night report shows): "system prompt: 2 clauses removed, 1 rewritten" and the text
+with the changes marked; then the metrics with their deltas.
+
 publish, promote and rollback take ``--mlflow-uri URI`` to sync that template to MLflow
 right after the change (see docs/mlflow.md).
 """
@@ -69,7 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the stored record as JSON")
     p.set_defaults(func=_show)
 
-    p = sub.add_parser("diff", parents=[common], help="text and metrics of two versions side by side")
+    p = sub.add_parser("diff", parents=[common],
+                       help="two versions: a unified diff of the content, the system prompt clause by clause, "
+                            "the metrics side by side")
     p.add_argument("a", help="NAME@LABEL or NAME:VERSION")
     p.add_argument("b", help="NAME@LABEL, NAME:VERSION, or VERSION / @LABEL of the same name")
     p.set_defaults(func=_diff)
@@ -211,11 +218,28 @@ def _ref_b(a: str, b: str) -> str:
     return b
 
 
+def _clause_diff(before: str, after: str) -> str:
+    """The system prompt clause by clause (the night report's diff): a count line, then the
+    new text with ``[-removed-]``, ``{+added+}`` and ``[~old~>new~]`` marked."""
+    from promptdistill.specs.diff import diff_counts, diff_text, prompt_diff
+
+    ops = prompt_diff(before, after)
+    counts = [(n, kind) for kind, n in diff_counts(ops).items() if n]
+    if not counts:
+        return "system prompt: the same clauses (only whitespace changed)"
+    n, kind = counts[0]
+    head = ", ".join([f"{n} clause{'s' if n != 1 else ''} {kind}"] + [f"{n} {kind}" for n, kind in counts[1:]])
+    return f"system prompt: {head}\n{diff_text(ops).strip()}"
+
+
 def _diff(args: argparse.Namespace) -> int:
     reg = _registry(args)
     a, b = reg.get(args.a), reg.get(_ref_b(args.a, args.b))
     diff = list(difflib.unified_diff(_text(a), _text(b), a.ref, b.ref, lineterm="", n=2))
     print("\n".join(diff) if diff else f"{a.ref} and {b.ref} have the same content ({a.content_hash})")
+    if a.content["system"] != b.content["system"]:
+        print()
+        print(_clause_diff(a.content["system"], b.content["system"]))
     ma, mb = _flatten(a.metrics), _flatten(b.metrics)
     keys = sorted(set(ma) | set(mb))
     if keys:
