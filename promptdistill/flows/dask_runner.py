@@ -32,10 +32,13 @@ def dask_task_runner(address: str, n_workers: int) -> Any:
         from prefect_dask import DaskTaskRunner
     except ImportError:  # an extra: say which
         raise ImportError("dask=... needs prefect-dask: pip install 'promptdistill[dask]'") from None
+    # The scheduler and client live in the flow's process: their INFO lines (workers
+    # registering, connections opening) are Dask's bookkeeping, not the night's news.
+    logging.getLogger("distributed").setLevel(max(logging.WARNING, logging.getLogger("distributed").level))
     if address != LOCAL:
         return DaskTaskRunner(address=address)
     # One thread per worker: a spec's stages are sequential, and the engine clients are
-    # per process. Dask's own INFO lines (workers starting and stopping) stay out of the
-    # terminal; its warnings and errors still show.
+    # per process. The workers' INFO lines stay out of the terminal too; warnings and
+    # errors still show.
     return DaskTaskRunner(cluster_kwargs={"n_workers": max(1, n_workers), "threads_per_worker": 1, "processes": True,
                                           "dashboard_address": None, "silence_logs": logging.WARNING})
