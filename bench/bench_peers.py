@@ -304,8 +304,9 @@ def run_ours(engine: Engine, model: Any, job: Any, preset: Mapping[str, Any], se
     started = time.monotonic()
     distilled = distill_stage(meter, job, config=preset["distill"], seed=seed, out_dir=fresh(folder / "distill"),
                               cache_path=cache)
-    result = optimize_stage(meter, job, ttft_model=model, budget=preset["budget"], selection=SelectionRule(), seed=seed,
-                            distilled=distilled, out_dir=fresh(folder / "optimize"), cache_path=cache)
+    result = optimize_stage(meter, job, ttft_model=model, budget=preset["budget"],
+                            selection=preset.get("selection", SelectionRule()), seed=seed, distilled=distilled,
+                            out_dir=fresh(folder / "optimize"), cache_path=cache)
     minutes = (time.monotonic() - started) / 60.0
     d, w = distilled["summary"], result["winner"]
     if "{fewshot}" in result["content"]["user"]:
@@ -849,6 +850,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = {k: getattr(args, k) for k in ("budget", "train", "dev", "test", "peers", "gepa_metric_calls",
                                              "num_threads", "max_bootstrapped_demos", "max_labeled_demos",
                                              "proposer_max_tokens", "timing_records", "seed")}
+    from promptdistill.pipeline.jobs import settings_key
+
+    preset = sized_preset(args.budget, args.dev, args.test)
+    config["ours_preset"] = {k: settings_key(v) for k, v in preset.items() if k != "ttft_budget"}
     config.update({"mipro_auto": "light", "gepa_auto": "light" if args.gepa_metric_calls is None else None,
                    "dspy_version": dspy.__version__, "adapter": "JSONAdapter", "ttft_model": model.version,
                    "gepa_objectives": why, "gepa_objectives_supported": supported,
