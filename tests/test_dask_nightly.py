@@ -163,7 +163,7 @@ class Watcher(threading.Thread):
 
 def dask_worker_pids(parent: int) -> list[int]:
     """The Dask worker processes the local cluster spawned: this process's children (from
-    any of its threads) started by multiprocessing's spawn."""
+    any of its threads) that Dask titled ``dask worker [tcp://...]``."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -171,7 +171,7 @@ def dask_worker_pids(parent: int) -> list[int]:
             cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == parent and b"spawn_main" in cmd:
+        if ppid == parent and cmd.startswith(b"dask worker"):
             pids.append(int(stat.parent.name))
     return sorted(pids)
 
