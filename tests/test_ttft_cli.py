@@ -54,7 +54,8 @@ def test_fit_publishes_to_the_registry_and_report_writes_markdown_and_figures(pr
         assert (report_dir / png).read_bytes().startswith(b"\x89PNG"), png
         assert png in text
     assert model.version in text
-    assert "Does semantic density change TTFT" in text and "Held-out MAPE" in text
+    assert "Does semantic density change TTFT" in text and "held-out MAPE" in text
+    assert "## Noise floor" in text and "against medians of repeats" in text and "## Hardware limit" in text
     numbers = json.loads((report_dir / "report.json").read_text())
     assert [row["fewshot_count"] for row in numbers["fewshot"]] == [0, 1, 4, 8]
     assert {"coef_ms_per_unit", "ci_low", "ci_high", "std_beta"} <= set(numbers["density"])

@@ -17,11 +17,20 @@ from sklearn.utils.estimator_checks import estimator_checks_generator
 from threadpoolctl import threadpool_limits
 
 from promptdistill.engine.base import EngineIdentity
-from promptdistill.core.errors import IntegrityError, ModelIdentityError
+from promptdistill.core.errors import IntegrityError, ModelIdentityError, TemplateNotFoundError
 from promptdistill.ttft import MODEL_FEATURES, MonomialRegressor, TTFTModel, check_frame, fit_models
-from promptdistill.ttft.analysis import bootstrap_coefficients, density_effect, fewshot_table
-from promptdistill.ttft.estimators import LINEAR_TERMS, candidate_estimators
-from promptdistill.ttft.fit import flag_contended, is_monotonic_in_uncached
+from promptdistill.ttft.analysis import bootstrap_coefficients, density_effect, fewshot_table, queue_table
+from promptdistill.ttft.estimators import (
+    BASE_FEATURES,
+    DERIVED_FEATURES,
+    LINEAR_TERMS,
+    EngineMechanics,
+    candidate_estimators,
+    with_mechanics,
+)
+from promptdistill.ttft.fit import flag_contended, is_monotonic_in_uncached, mechanics_of, model_inputs, score
+from promptdistill.ttft.noise import noise_floor
+from promptdistill.ttft.report import target_verdict
 
 IDENT = EngineIdentity(model="m", backend="vllm-local", dtype="float32", max_model_len=2048, hardware="cpu x2", engine_version="v")
 OTHER = EngineIdentity(model="m", backend="vllm-server", dtype="float32", max_model_len=2048, hardware="cpu x2", engine_version="v")
@@ -82,7 +91,7 @@ def test_monomial_regressor_follows_the_sklearn_contract(estimator, check):
 
 def test_linear_model_recovers_the_law_without_noise():
     df = synthetic(noise=0.0)
-    X = df[list(MODEL_FEATURES)].to_numpy(float)
+    X = df[list(BASE_FEATURES)].to_numpy(float)
     m = MonomialRegressor(terms=LINEAR_TERMS).fit(X, df["ttft_ms"])
     assert m.coef_[:4] == pytest.approx([1.1, 0.00035, 0.05, 0.0002], rel=1e-6)
     assert m.intercept_ == pytest.approx(120, rel=1e-6)
@@ -105,7 +114,7 @@ def test_selection_scores_every_candidate_on_heldout_prompts(fitted, frame):
 
 
 def test_every_candidate_is_monotonic_in_uncached_tokens(fitted, frame):
-    X = frame[list(MODEL_FEATURES)].to_numpy(float)
+    X = model_inputs(frame)
     assert all(fitted.monotonic.values())
     assert is_monotonic_in_uncached(fitted.estimator, X)
 
@@ -140,7 +149,7 @@ def test_check_frame_names_missing_columns(frame):
 
 @pytest.mark.parametrize("name", ["linear", "poly2_a1", "hgb"])
 def test_files_round_trip_exactly(frame, name):
-    X = frame[list(MODEL_FEATURES)].to_numpy(float)
+    X = model_inputs(frame)
     est = clone(candidate_estimators()[name]).fit(X, frame["ttft_ms"])
     model = TTFTModel(estimator=est, kind="hgb" if name == "hgb" else "monomial", name=name, engine_identity=IDENT)
     files = model.to_files()
@@ -149,6 +158,7 @@ def test_files_round_trip_exactly(frame, name):
     assert np.array_equal(loaded.predict_frame(frame), model.predict_frame(frame))
     assert ("estimator.skops" in files) == (name == "hgb")
     assert not any(name.endswith((".pkl", ".joblib")) for name in files)
+    assert json.loads(files["model.json"])["mechanics"] == {"block_tokens": None, "chunk_tokens": None}
 
 
 def test_predict_takes_a_features_dict(fitted, frame):
@@ -175,7 +185,7 @@ def test_another_engine_identity_is_refused_or_warned(fitted, frame, tmp_path):
 
 
 def test_tampered_artifacts_are_refused(fitted, frame, tmp_path):
-    X = frame[list(MODEL_FEATURES)].to_numpy(float)
+    X = model_inputs(frame)
     hgb = clone(candidate_estimators()["hgb"]).fit(X, frame["ttft_ms"])
     files = TTFTModel(estimator=hgb, kind="hgb", name="hgb", engine_identity=IDENT).to_files()
     with pytest.raises(IntegrityError, match="sha256"):
@@ -189,13 +199,19 @@ def test_tampered_artifacts_are_refused(fitted, frame, tmp_path):
     meta["estimator"]["coef"][0] *= 2
     with pytest.raises(IntegrityError, match="version"):
         TTFTModel.from_files({"model.json": json.dumps(meta).encode()})
+    meta = json.loads(linear["model.json"])
+    meta["mechanics"]["block_tokens"] = 16  # the derived features would change: a different model
+    with pytest.raises(IntegrityError, match="version"):
+        TTFTModel.from_files({"model.json": json.dumps(meta).encode()})
 
 
 def test_bootstrap_intervals_cover_the_true_coefficients():
     df = synthetic(noise=0.03, seed=3)
     table = bootstrap_coefficients(df, n_boot=200, seed=0).set_index("term")
-    assert table.loc["uncached_tokens", "ci_low"] < 1.1 < table.loc["uncached_tokens", "ci_high"]
-    assert table.loc["uncached_tokens", "ci_low"] > 0.5
+    # Requests alone: prefill tokens are the uncached tokens, so their coefficient is the law's.
+    assert table.loc["prefill_tokens", "ci_low"] < 1.1 < table.loc["prefill_tokens", "ci_high"]
+    assert table.loc["prefill_tokens", "ci_low"] > 0.5
+    assert table.loc["prefill_steps", "coef"] == 0.0  # one step each: nothing to learn
     assert list(table.columns) == ["coef", "ci_low", "ci_high", "p_boot", "std_beta"]
 
 
@@ -230,3 +246,147 @@ def test_from_fit_learns_the_cache_block_and_sets_warm_features(fitted, frame):
     assert (warm["cached_tokens"], warm["uncached_tokens"]) == (640, 260)
     assert (cold["cached_tokens"], cold["uncached_tokens"]) == (0, 900)
     assert model.predict(warm) < model.predict(cold)
+
+
+# --- engine mechanics ------------------------------------------------------------------------
+
+
+def test_mechanics_round_cached_tokens_to_blocks_and_count_prefill_steps():
+    m = EngineMechanics(block_tokens=128, chunk_tokens=1000).fit(np.zeros((1, len(MODEL_FEATURES))))
+    u, c, k, d, h, ahead, batch = range(len(MODEL_FEATURES))
+    P, S = DERIVED_FEATURES.index("prefill_tokens"), DERIVED_FEATURES.index("prefill_steps")
+    rows = np.array([
+        [300, 100, 0, 0.5, 7, 0, 0],  # a static prefix shorter than a block: nothing cached
+        [44, 300, 0, 0.5, 7, 0, 0],  # 300 asked for: two whole blocks
+        [0, 256, 0, 0.5, 7, 0, 0],  # all cached: the last token is still computed
+        [400, 0, 0, 0.5, 7, 0, 1200],  # first of three 400-token requests: step 1 holds 1000 tokens
+        [400, 0, 0, 0.5, 7, 800, 1200],  # third: its prefill ends in step 2, after all 1200
+        [1500, 0, 0, 0.5, 7, 0, 0],  # alone, longer than a chunk: two steps
+    ], dtype=float)
+    out = m.transform(rows)
+    assert out[:, 1].tolist() == [0, 256, 128, 0, 0, 0]
+    assert out[:, 0].tolist() == [400, 88, 128, 400, 400, 1500]
+    assert out[:, P].tolist() == [400, 88, 128, 1000, 1200, 1500]
+    assert out[:, S].tolist() == [1, 1, 1, 1, 2, 2]
+    # No block size: nothing rounded (the last token is still computed).
+    assert np.array_equal(EngineMechanics().fit(rows).transform(rows)[:, P], [300, 44, 1, 1200, 1200, 1500])
+    with pytest.raises(ValueError, match="7 columns"):
+        EngineMechanics().fit(np.ones((3, 5)))
+
+
+def queue_law_ms(prefill, steps, u):
+    return 80 + 0.9 * prefill + 0.0003 * u * u + 25 * steps
+
+
+def queued_frame(seed=0, noise=0.01):
+    """Groups of requests sent together under a 1000-token chunk, plus requests alone."""
+    rng = np.random.default_rng(seed)
+    ident = {f"engine_{k}": v for k, v in IDENT.to_dict().items()}
+    rows = []
+    mech = EngineMechanics(block_tokens=128, chunk_tokens=1000).fit(np.zeros((1, 7)))
+    groups = [(f"g{g}", [int(x) for x in rng.integers(100, 700, rng.integers(2, 5))]) for g in range(12)]
+    groups += [(f"a{i}", [int(rng.integers(40, 1900))]) for i in range(40)]
+    for name, sizes in groups:
+        for j, size in enumerate(sizes):
+            ahead, batch = (sum(sizes[:j]), sum(sizes)) if len(sizes) > 1 else (0, 0)
+            x = mech.transform([[size, 0, 0, 0.5, 7.0, ahead, batch]])[0]
+            for r in range(3):
+                rows.append(dict(prompt_id=f"{name}-{j}", split_group=name, batch_position=j, batch_size=len(sizes),
+                                 uncached_tokens=size, cached_tokens=0, total_tokens=size, tokens_ahead=ahead,
+                                 batch_tokens=batch, fewshot_count=0, semantic_density=0.5, entropy_bits=7.0,
+                                 ttft_ms=queue_law_ms(x[5], x[6], size) * (1 + noise * rng.standard_normal()),
+                                 warm=False, design="queue" if len(sizes) > 1 else "sweep", repeat=r, run_id="run",
+                                 cache_block_tokens=128, prefill_chunk_tokens=1000, **ident, engine_key=IDENT.key()))
+    return pd.DataFrame(rows)
+
+
+def test_queue_features_predict_requests_sent_together():
+    df = queued_frame()
+    assert mechanics_of(df) == {"block_tokens": 128, "chunk_tokens": 1000}
+    fit = fit_models(df, seed=0)
+    # A batch never straddles the split: its requests were measured together.
+    test = fit.heldout_predictions
+    assert not set(df.loc[df["prompt_id"].isin(test["prompt_id"]), "split_group"]) & set(
+        df.loc[~df["prompt_id"].isin(test["prompt_id"]), "split_group"])
+    assert fit.heldout[fit.chosen]["mape_median"] < 0.03
+    table, scores = queue_table(check_frame(df)[0], fit.estimator)
+    assert scores["n"] == len(table) == df.loc[df["batch_size"] > 1, "prompt_id"].nunique()
+    assert scores["mape_queue"] < 0.05 < scores["mape_alone"]  # ignoring the queue misses most of the wait
+
+
+def test_model_derives_mechanics_from_the_optimizers_features():
+    df = queued_frame()
+    model = TTFTModel.from_fit(fit_models(df, seed=0), df)
+    assert model.mechanics == {"block_tokens": 128, "chunk_tokens": 1000}
+    assert model.training["cache_block_tokens"] == 128 and model.training["prefill_chunk_tokens"] == 1000
+    # What predict.py and verify.py pass: prompt_features + cached_tokens, nothing about queues.
+    features = {"total_tokens": 700, "static_prefix_tokens": 300, "suffix_tokens": 400, "fewshot_count": 0,
+                "fewshot_tokens": 0, "instruction_tokens": 50, "semantic_density": 0.5, "entropy_bits": 7.0,
+                "clause_count": 3, "cl100k_tokens": 650}
+    rounded = model.predict({**features, "cached_tokens": 256})
+    assert model.predict({**features, "cached_tokens": 300}) == pytest.approx(rounded)  # rounded to blocks inside
+    assert model.predict({**features, "cached_tokens": 100}) == pytest.approx(model.predict({**features, "cached_tokens": 0}))
+    assert model.predict({**features, "cached_tokens": 0, "tokens_ahead": 900, "batch_tokens": 1600}) > 1.5 * model.predict(
+        {**features, "cached_tokens": 0})
+    loaded = TTFTModel.from_files(model.to_files())
+    assert loaded.mechanics == model.mechanics and loaded.predict({**features, "cached_tokens": 256}) == rounded
+
+
+def test_format_1_models_still_load_and_predict(frame):
+    X = frame[list(BASE_FEATURES)].to_numpy(float)
+    old = TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, frame["ttft_ms"]), "monomial", "linear", IDENT)
+    assert old.features == BASE_FEATURES
+    files = old.to_files()
+    assert json.loads(files["model.json"])["format_version"] == 1 and "mechanics" not in json.loads(files["model.json"])
+    loaded = TTFTModel.from_files(files)
+    assert loaded.version == old.version and np.array_equal(loaded.predict_frame(frame), old.predict_frame(frame))
+
+
+# --- the noise floor and the target ------------------------------------------------------------
+
+
+def test_noise_floor_of_known_noise():
+    rng = np.random.default_rng(1)
+    rows = [dict(prompt_id=f"p{p}", warm=False, ttft_ms=100.0 * (p + 1) * (1 + 0.1 * rng.standard_normal()))
+            for p in range(200) for _ in range(5)]
+    floor = noise_floor(pd.DataFrame(rows), n_boot=100)
+    assert floor["units"] == 200 and floor["repeats_median"] == 5
+    assert floor["cv_median"] == pytest.approx(0.1, abs=0.015)
+    assert floor["cv_median_ci"][0] < floor["cv_median"] < floor["cv_median_ci"][1]
+    # Normal noise: E|y - median| / y is about 0.8 sigma (less in-sample, more leaving one out)...
+    assert floor["floor_vs_singles"] < floor["floor_vs_singles_pooled"] < floor["floor_vs_singles_loo"]
+    assert floor["floor_vs_singles_pooled"] == pytest.approx(0.08, abs=0.01)
+    # ... and the median of 5 is off by about 0.8 x 1.2 sigma / sqrt(5).
+    assert floor["floor_vs_medians"] == pytest.approx(0.8 * 1.2 * 0.1 / 5**0.5, abs=0.008)
+    assert floor["floor_vs_medians_ci"][0] < floor["floor_vs_medians"] < floor["floor_vs_medians_ci"][1]
+    exact = noise_floor(pd.DataFrame([dict(prompt_id=f"p{p}", ttft_ms=50.0) for p in range(4) for _ in range(3)]), n_boot=20)
+    assert exact["floor_vs_singles"] == exact["floor_vs_medians"] == exact["cv_median"] == 0.0
+    assert noise_floor(pd.DataFrame([dict(prompt_id="a", ttft_ms=1.0)]))["units"] == 0
+
+
+def test_score_against_medians_removes_the_noise_of_single_rows():
+    y = np.array([90.0, 110.0, 100.0, 190.0, 210.0, 200.0])
+    keys = np.array(["a", "a", "a", "b", "b", "b"])
+    pred = np.array([100.0] * 3 + [200.0] * 3)
+    s = score(y, pred, keys)
+    assert s["mape_median"] == 0.0 and s["n_medians"] == 2 and s["mape"] > 0.05
+
+
+def test_target_is_five_percent_or_close_to_a_floor_above_it():
+    assert target_verdict(0.04, 0.02)["met"]
+    assert not target_verdict(0.06, 0.03)["met"]  # the floor allows 5%: 6% is a miss
+    close = target_verdict(0.066, 0.058)
+    assert close["met"] and "1.2x" in close["how"] and close["ratio_to_floor"] == pytest.approx(0.066 / 0.058)
+    assert not target_verdict(0.08, 0.058)["met"]
+
+
+def test_a_server_identity_finds_the_model_fitted_through_the_server(tmp_path):
+    from promptdistill.pipeline.ttft_models import fit_and_publish, load_ttft_model
+    from promptdistill.registry.store import Registry
+
+    df = synthetic().assign(**{"engine_backend": OTHER.backend, "engine_key": OTHER.key()})
+    registry = Registry(str(tmp_path / "registry"))
+    fit_and_publish(registry, df, report_dir=tmp_path / "reports")
+    assert load_ttft_model(registry, OTHER).engine_identity == OTHER
+    with pytest.raises(TemplateNotFoundError, match="no TTFT model for engine"):
+        load_ttft_model(registry, IDENT)  # the in-process engine needs its own profile

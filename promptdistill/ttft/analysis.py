@@ -1,5 +1,6 @@
 """Questions the measurements answer: coefficients with confidence intervals, whether
-semantic density moves TTFT once tokens are accounted for, and the few-shot table.
+semantic density moves TTFT once tokens are accounted for, the few-shot table, prefill
+throughput against the hardware's matmul peak, and what requests sent together wait for.
 
 Uncertainty comes from a grouped bootstrap: prompts are resampled with replacement
 (all repeats of a drawn prompt come along), the linear model is refitted on each
@@ -13,21 +14,29 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from sklearn.base import clone
 
 from promptdistill.ttft.estimators import (
+    ANALYSIS_TERMS,
     DENSITY_HINGE,
-    LINEAR_TERMS,
-    MODEL_FEATURES,
+    DERIVED_FEATURES,
+    MECHANICS_TERMS,
     MonomialRegressor,
     term_names,
+    with_mechanics,
 )
+from promptdistill.ttft.fit import mechanics_of, model_inputs
+from promptdistill.ttft.hardware import ModelFlops
 
 __all__ = [
     "CLAIMED_DENSITY_BETA",
     "CLAIMED_FEWSHOT_MS",
+    "LADDER_SIZES",
     "bootstrap_coefficients",
     "density_effect",
     "fewshot_table",
+    "prefill_throughput",
+    "queue_table",
     "token_only_residuals",
 ]
 
@@ -36,12 +45,11 @@ CLAIMED_DENSITY_BETA = 0.87
 CLAIMED_FEWSHOT_MS = {1: 127.0, 4: 316.0, 8: 492.0}
 """The same source's TTFT for 1/4/8 examples of ~64 tokens on a 512-token base."""
 
-_TOKEN_TERMS = LINEAR_TERMS[:4]  # uncached, uncached², cached, uncached·cached
-_D = MODEL_FEATURES.index("semantic_density")
+_TOKEN_TERMS = MECHANICS_TERMS  # the token mechanics alone: no text features
 
 
 def _X(df: pd.DataFrame, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
-    X = df[list(MODEL_FEATURES)].to_numpy(dtype=np.float64)
+    X = model_inputs(df)
     if extra:
         X = np.column_stack([X, *extra.values()])
     return X
@@ -51,10 +59,16 @@ def _hinge(df: pd.DataFrame) -> np.ndarray:
     return np.maximum(0.0, df["semantic_density"].to_numpy(dtype=np.float64) - DENSITY_HINGE)
 
 
-def _fit_coef(df: pd.DataFrame, terms: tuple, with_hinge: bool) -> tuple[np.ndarray, float]:
+def _linear(df: pd.DataFrame, terms: tuple) -> object:
+    """The linear model with the engine mechanics of these rows (extra columns pass through)."""
+    return with_mechanics(MonomialRegressor(terms=terms), **mechanics_of(df))
+
+
+def _fit_coef(df: pd.DataFrame, terms: tuple, with_hinge: bool, mechanics: dict) -> tuple[np.ndarray, float]:
     X = _X(df, {"hinge": _hinge(df)} if with_hinge else None)
-    model = MonomialRegressor(terms=terms).fit(X, df["ttft_ms"].to_numpy(dtype=np.float64))
-    return model.coef_, model.intercept_
+    model = with_mechanics(MonomialRegressor(terms=terms), **mechanics).fit(X, df["ttft_ms"].to_numpy(dtype=np.float64))
+    reg = model.steps[-1][1]
+    return reg.coef_, reg.intercept_
 
 
 def bootstrap_coefficients(
@@ -73,9 +87,10 @@ def bootstrap_coefficients(
         of the term, comparable with a "beta"), in milliseconds per unit.
         ``p_boot`` is the two-sided bootstrap share of resamples on the other side of 0.
     """
-    terms = LINEAR_TERMS + (((len(MODEL_FEATURES),),) if with_hinge else ())
-    names = term_names(terms, (*MODEL_FEATURES, f"max(0, semantic_density - {DENSITY_HINGE})"))
-    coef, intercept = _fit_coef(df, terms, with_hinge)
+    terms = ANALYSIS_TERMS + (((len(DERIVED_FEATURES),),) if with_hinge else ())
+    names = term_names(terms, (*DERIVED_FEATURES, f"max(0, semantic_density - {DENSITY_HINGE})"))
+    mechanics = mechanics_of(df)
+    coef, intercept = _fit_coef(df, terms, with_hinge, mechanics)
     groups = df["prompt_id"].astype(str).to_numpy()
     unique = np.unique(groups)
     index_of = {g: np.flatnonzero(groups == g) for g in unique}
@@ -84,10 +99,10 @@ def bootstrap_coefficients(
     for _ in range(n_boot):
         picked = rng.choice(unique, size=len(unique), replace=True)
         rows = np.concatenate([index_of[g] for g in picked])
-        c, b = _fit_coef(df.iloc[rows], terms, with_hinge)
+        c, b = _fit_coef(df.iloc[rows], terms, with_hinge, mechanics)
         draws.append(np.append(c, b))
     draws = np.asarray(draws)
-    design = _X(df, {"hinge": _hinge(df)} if with_hinge else None)
+    design = _linear(df, terms).steps[0][1].fit_transform(_X(df, {"hinge": _hinge(df)} if with_hinge else None))
     term_sd = np.array([np.std(np.prod(design[:, list(t)], axis=1)) for t in terms])
     y_sd = float(np.std(df["ttft_ms"]))
     estimates = np.append(coef, intercept)
@@ -109,7 +124,7 @@ def token_only_residuals(df: pd.DataFrame) -> np.ndarray:
     """TTFT minus what the token terms alone predict (for the density partial-residual plot)."""
     X = _X(df)
     y = df["ttft_ms"].to_numpy(dtype=np.float64)
-    return y - MonomialRegressor(terms=_TOKEN_TERMS).fit(X, y).predict(X)
+    return y - _linear(df, _TOKEN_TERMS).fit(X, y).predict(X)
 
 
 def density_effect(df: pd.DataFrame, *, n_boot: int = 500, seed: int = 0) -> dict[str, Any]:
@@ -180,3 +195,94 @@ def fewshot_table(df: pd.DataFrame) -> pd.DataFrame:
     base = out.loc[out["fewshot_count"] == 0, "ttft_ms_median"]
     out["increment_over_0_ms"] = out["ttft_ms_median"] - (float(base.iloc[0]) if len(base) else np.nan)
     return out
+
+
+# --- the hardware's limit and the queue ---------------------------------------------------------
+
+LADDER_SIZES = (128, 256, 512, 1024, 2048)
+"""Prompt sizes the throughput table reports (the ladder design measures them exactly)."""
+
+
+def _alone_cold(df: pd.DataFrame) -> pd.DataFrame:
+    rows = df[df["cached_tokens"] == 0]
+    if "batch_size" in rows.columns:
+        rows = rows[rows["batch_size"].fillna(1) <= 1]
+    return rows
+
+
+def _boot_median(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> tuple[float, float]:
+    draws = np.median(rng.choice(values, size=(n_boot, len(values)), replace=True), axis=1)
+    return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
+
+
+def prefill_throughput(df: pd.DataFrame, *, sizes: tuple[int, ...] = LADDER_SIZES, tolerance: float = 0.1,
+                       n_boot: int = 500, seed: int = 0) -> pd.DataFrame:
+    """Cold prefill throughput at fixed sizes, and its share of the measured matmul peak.
+
+    Uses cold rows of requests sent alone whose uncached tokens lie within
+    ``tolerance`` of each size (the largest size also takes the longest prompts the
+    context allows). FLOPs per request come from the profile's ``model_*`` columns
+    (``hardware.ModelFlops``), the peak from ``hw_matmul_gflops``; figures are medians
+    over measurements with 95% bootstrap intervals (resampling measurements).
+
+    Returns:
+        One row per size with measurements: ``tokens``, ``n``, ``prompts``,
+        ``ttft_ms`` (+ ``_lo``/``_hi``), ``tokens_per_s`` (+ interval), ``gflops``,
+        ``share_of_peak`` (+ interval; NaN without a peak or model columns).
+    """
+    rows = _alone_cold(df)
+    flops = ModelFlops.from_columns(df.iloc[0]) if len(df) else None
+    peak = float(df["hw_matmul_gflops"].max()) if "hw_matmul_gflops" in df.columns else float("nan")
+    longest = float(rows["uncached_tokens"].max()) if len(rows) else 0.0
+    rng = np.random.default_rng(seed)
+    out = []
+    for size in sizes:
+        lo, hi = size * (1 - tolerance), size * (1 + tolerance)
+        if size > longest >= lo * 0.9:  # the context limit caps the largest size: take the longest prompts
+            lo = longest * (1 - tolerance / 2)
+        sel = rows[(rows["uncached_tokens"] >= lo) & (rows["uncached_tokens"] <= hi)]
+        if sel.empty:
+            continue
+        n = sel["uncached_tokens"].to_numpy(dtype=np.float64)
+        t = sel["ttft_ms"].to_numpy(dtype=np.float64) / 1000.0
+        tps = n / t
+        gflops = (flops.prefill_flops(n) / t / 1e9) if flops else np.full(len(t), np.nan)
+        share = gflops / peak
+        row = {"tokens": size, "tokens_measured": float(np.median(n)), "n": int(len(sel)),
+               "prompts": int(sel["prompt_id"].nunique()), "ttft_ms": float(np.median(t) * 1000)}
+        for name, values in (("tokens_per_s", tps), ("gflops", gflops), ("share_of_peak", share)):
+            row[name] = float(np.median(values))
+            row[f"{name}_lo"], row[f"{name}_hi"] = _boot_median(values, rng, n_boot) if np.isfinite(values).all() else (np.nan, np.nan)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def queue_table(df: pd.DataFrame, estimator: object) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Requests sent together (the queue probe), each batch predicted by the model fitted
+    without it (leave one batch out), and by the same model told the request was alone.
+
+    Returns:
+        One row per (batch, position): the tokens ahead and in the batch, the median
+        measured TTFT, the prediction with the queue features and alone; and the MAPE
+        of both against the medians (``mape_queue``, ``mape_alone``, ``n``).
+    """
+    if "batch_size" not in df.columns or not (df["batch_size"].fillna(1) > 1).any():
+        return pd.DataFrame(), {}
+    queued = df["batch_size"].fillna(1) > 1
+    X, y = _X(df), df["ttft_ms"].to_numpy(dtype=np.float64)
+    alone = X.copy()
+    alone[:, -2:] = 0.0  # tokens_ahead, batch_tokens: as if each request came alone
+    rows = []
+    for batch, idx in df[queued].groupby("split_group").groups.items():
+        train = ~df.index.isin(idx)
+        model = clone(estimator).fit(X[train], y[train])
+        pos = df.index.get_indexer(idx)
+        part = df.loc[idx].assign(pred=model.predict(X[pos]), pred_alone=model.predict(alone[pos]))
+        for p, g in part.groupby("batch_position"):
+            rows.append({"batch": batch, "position": int(p), "uncached_tokens": float(g["uncached_tokens"].median()),
+                         "tokens_ahead": float(g["tokens_ahead"].median()), "batch_tokens": float(g["batch_tokens"].median()),
+                         "n": int(len(g)), "ttft_ms": float(g["ttft_ms"].median()), "predicted_ms": float(g["pred"].median()),
+                         "predicted_alone_ms": float(g["pred_alone"].median())})
+    table = pd.DataFrame(rows).sort_values(["batch", "position"]).reset_index(drop=True)
+    err = lambda col: float(np.mean(np.abs(table[col] - table["ttft_ms"]) / table["ttft_ms"]))  # noqa: E731
+    return table, {"mape_queue": err("predicted_ms"), "mape_alone": err("predicted_alone_ms"), "n": int(len(table))}

@@ -3,11 +3,22 @@
 Rows are single measurements; repeats of one prompt share a ``prompt_id``. Every split
 here is by prompt (``GroupShuffleSplit`` for the held-out set, ``GroupKFold`` for
 cross-validation), so a prompt's repeats never sit on both sides of a split and the
-scores measure prediction on prompts the model has not seen.
+scores measure prediction on prompts the model has not seen. Requests measured together
+(the profiler's queue probe) share a ``split_group`` and stay on one side together.
 
-The winner is the candidate with the lowest cross-validated MAPE among those whose
-predictions never decrease as uncached tokens grow over the measured range: the
-optimizer relies on "fewer tokens is never predicted slower".
+Every score is given twice: MAPE against single measurements (``mape``), which the
+measurement noise bounds from below (see :mod:`promptdistill.ttft.noise`), and against
+each repeated unit's median (``mape_median``), which says how well the model captures
+the systematic part.
+
+The winner is the candidate with the lowest cross-validated MAPE against medians among
+those whose predictions never decrease as uncached tokens grow over the measured range:
+the optimizer relies on "fewer tokens is never predicted slower".
+
+The candidates model the engine's mechanics (``estimators.EngineMechanics``) with the
+cache block and prefill chunk sizes the profiler recorded (``cache_block_tokens``,
+``prefill_chunk_tokens`` columns); without them the block is the gcd of the cached
+counts seen, and prefill is taken as one step.
 """
 
 from __future__ import annotations
@@ -23,7 +34,12 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 from threadpoolctl import threadpool_limits
 
 from promptdistill.engine.base import EngineIdentity
-from promptdistill.ttft.estimators import MODEL_FEATURES, candidate_estimators
+from promptdistill.ttft.estimators import (
+    BASE_FEATURES,
+    MODEL_FEATURES,
+    candidate_estimators,
+)
+from promptdistill.ttft.noise import repeat_key
 
 __all__ = [
     "FitResult",
@@ -33,10 +49,52 @@ __all__ = [
     "flag_contended",
     "identity_of",
     "is_monotonic_in_uncached",
+    "mechanics_of",
+    "model_inputs",
     "score",
 ]
 
-REQUIRED_COLUMNS = (*MODEL_FEATURES, "ttft_ms", "prompt_id")
+REQUIRED_COLUMNS = (*BASE_FEATURES, "ttft_ms", "prompt_id")
+OPTIONAL_INPUTS = {"tokens_ahead": 0.0, "batch_tokens": 0.0}
+"""Model inputs a profile may lack (older profiles; rows of requests sent alone)."""
+
+
+def model_inputs(df: pd.DataFrame) -> np.ndarray:
+    """The ``MODEL_FEATURES`` matrix of a frame (the queue columns default to "alone")."""
+    cols = []
+    for name in MODEL_FEATURES:
+        if name in OPTIONAL_INPUTS:
+            col = df[name].fillna(OPTIONAL_INPUTS[name]) if name in df.columns else pd.Series(OPTIONAL_INPUTS[name], index=df.index)
+        else:
+            col = df[name]
+        cols.append(col.to_numpy(dtype=np.float64))
+    return np.column_stack(cols).reshape(len(df), len(MODEL_FEATURES))
+
+
+def mechanics_of(df: pd.DataFrame) -> dict[str, int | None]:
+    """The engine's cache block and prefill chunk sizes, as the profile recorded them.
+
+    Falls back to the gcd of the cached-token counts seen (prefix caches hold whole
+    blocks) and to no chunk limit.
+    """
+    def recorded(col: str) -> int | None:
+        if col in df.columns and df[col].notna().any():
+            return int(df[col].dropna().mode().iloc[0])
+        return None
+
+    block = recorded("cache_block_tokens")
+    if block is None and "cached_tokens" in df.columns:
+        cached = df.loc[df["cached_tokens"] > 0, "cached_tokens"].astype(int).to_numpy()
+        block = int(np.gcd.reduce(cached)) if len(cached) else None
+    return {"block_tokens": block, "chunk_tokens": recorded("prefill_chunk_tokens")}
+
+
+def split_groups(df: pd.DataFrame) -> np.ndarray:
+    """What must stay on one side of a split: the prompt, or the queue batch it was in."""
+    groups = df["prompt_id"].astype(str)
+    if "split_group" in df.columns:
+        groups = df["split_group"].where(df["split_group"].notna() & (df["split_group"] != ""), groups).astype(str)
+    return groups.to_numpy()
 
 
 def flag_contended(df: pd.DataFrame, *, max_foreign_cpu_share: float = 0.2) -> pd.Series:
@@ -91,16 +149,27 @@ def check_frame(
     return out, counts
 
 
-def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
-    """R², MAPE (a fraction: 0.05 is 5%) and the p50/p95 absolute error in ms."""
-    abs_err = np.abs(np.asarray(y_pred) - np.asarray(y_true))
-    return {
+def score(y_true: np.ndarray, y_pred: np.ndarray, keys: np.ndarray | None = None) -> dict[str, float]:
+    """R², MAPE (a fraction: 0.05 is 5%) and the p50/p95 absolute error in ms.
+
+    With ``keys`` (which rows repeat one measurement: ``noise.repeat_key``), also
+    ``mape_median``: the MAPE of each unit's median prediction against its median
+    measurement, over ``n_medians`` units.
+    """
+    y_true, y_pred = np.asarray(y_true, dtype=np.float64), np.asarray(y_pred, dtype=np.float64)
+    abs_err = np.abs(y_pred - y_true)
+    out = {
         "r2": float(r2_score(y_true, y_pred)),
         "mape": float(mean_absolute_percentage_error(y_true, y_pred)),
         "p50_abs_err_ms": float(np.percentile(abs_err, 50)),
         "p95_abs_err_ms": float(np.percentile(abs_err, 95)),
         "n": int(len(abs_err)),
     }
+    if keys is not None:
+        medians = pd.DataFrame({"key": keys, "y": y_true, "p": y_pred}).groupby("key").median()
+        out["mape_median"] = float(np.mean(np.abs(medians["p"] - medians["y"]) / medians["y"]))
+        out["n_medians"] = int(len(medians))
+    return out
 
 
 def is_monotonic_in_uncached(estimator: Any, X: np.ndarray, *, n_grid: int = 40, n_rows: int = 40, seed: int = 0) -> bool:
@@ -141,10 +210,13 @@ class FitResult:
     refit_on_all: bool = True
     rows: dict[str, int] = field(default_factory=dict)
     """Row counts: total, failed, contended (left out), used."""
+    mechanics: dict[str, int | None] = field(default_factory=dict)
+    """The cache block and prefill chunk sizes the candidates were built with."""
 
     def summary(self) -> dict[str, Any]:
         return {
             "chosen": self.chosen,
+            "mechanics": self.mechanics,
             "cv": self.cv,
             "heldout": self.heldout,
             "monotonic": self.monotonic,
@@ -156,7 +228,7 @@ class FitResult:
 
 
 def _xy(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    return df[list(MODEL_FEATURES)].to_numpy(dtype=np.float64), df["ttft_ms"].to_numpy(dtype=np.float64)
+    return model_inputs(df), df["ttft_ms"].to_numpy(dtype=np.float64)
 
 
 def fit_models(
@@ -175,30 +247,35 @@ def fit_models(
         df: measurement rows (see ``check_frame``).
         test_size: share of prompts held out for the final scores.
         n_splits: folds of grouped cross-validation on the training prompts.
-        candidates: name -> unfitted estimator; default ``candidate_estimators()``.
+        candidates: name -> unfitted estimator; default ``candidate_estimators()`` with
+            the engine's mechanics (``mechanics_of(df)``).
         refit_on_all: refit the winner on every row (train and held-out) before
             returning it; the held-out scores describe the same specification fitted
             on the training prompts only.
         drop_contended: leave out rows measured under CPU contention.
     """
     df, counts = check_frame(df, drop_contended=drop_contended)
-    candidates = candidate_estimators(seed=seed) if candidates is None else candidates
+    mechanics = mechanics_of(df)
+    candidates = candidate_estimators(seed=seed, **mechanics) if candidates is None else candidates
     # One OpenMP thread: the data are small, and on a shared 2-core machine the tree
     # ensemble's default thread pool oversubscribes the CPU (100x slower under load).
     with threadpool_limits(1):
         result = _fit_models(df, candidates, test_size=test_size, n_splits=n_splits, seed=seed, refit_on_all=refit_on_all)
     result.rows = counts
+    result.mechanics = mechanics
     return result
 
 
 def _fit_models(
     df: pd.DataFrame, candidates: dict[str, Any], *, test_size: float, n_splits: int, seed: int, refit_on_all: bool
 ) -> FitResult:
-    groups = df["prompt_id"].astype(str).to_numpy()
+    groups = split_groups(df)
+    keys = repeat_key(df).to_numpy()
     train_idx, test_idx = next(GroupShuffleSplit(n_splits=1, test_size=test_size, random_state=seed).split(df, groups=groups))
     train, test = df.iloc[train_idx], df.iloc[test_idx].copy()
     X_train, y_train = _xy(train)
     X_test, y_test = _xy(test)
+    k_train, k_test = keys[train_idx], keys[test_idx]
     folds = min(n_splits, len(set(groups[train_idx])))
 
     cv: dict[str, dict[str, float]] = {}
@@ -210,17 +287,17 @@ def _fit_models(
         splitter = GroupKFold(n_splits=folds, shuffle=True, random_state=seed)
         for a, b in splitter.split(X_train, y_train, groups=groups[train_idx]):
             model = clone(est).fit(X_train[a], y_train[a])
-            fold_scores.append(score(y_train[b], model.predict(X_train[b])))
+            fold_scores.append(score(y_train[b], model.predict(X_train[b]), k_train[b]))
         cv[name] = {k: float(np.mean([s[k] for s in fold_scores])) for k in fold_scores[0]}
         model = clone(est).fit(X_train, y_train)
         fitted[name] = model
         pred = model.predict(X_test)
-        heldout[name] = score(y_test, pred)
+        heldout[name] = score(y_test, pred, k_test)
         test[f"pred_{name}"] = pred
         monotonic[name] = is_monotonic_in_uncached(model, X_train, seed=seed)
 
     eligible = [n for n in candidates if monotonic[n]] or list(candidates)
-    chosen = min(eligible, key=lambda n: cv[n]["mape"])
+    chosen = min(eligible, key=lambda n: cv[n]["mape_median"])
     if refit_on_all:
         X_all, y_all = _xy(df)
         estimator = clone(candidates[chosen]).fit(X_all, y_all)

@@ -3,9 +3,14 @@
 Persistence never executes code on load:
 
 * monomial models (linear, polynomial) are one JSON file, ``model.json``, holding the
-  terms, coefficients and intercept; predictions after loading are bit-identical;
+  engine mechanics (cache block and prefill chunk sizes), the terms, coefficients and
+  intercept; predictions after loading are bit-identical;
 * the tree ensemble is ``estimator.skops`` (skops' safe format, loaded with an explicit
-  allowlist of types) next to ``model.json``, whose sha256 the JSON records.
+  allowlist of types) next to ``model.json``, which records its sha256 and the mechanics.
+
+Format 2 models take ``MODEL_FEATURES`` and derive the engine's mechanics inside
+(``estimators.EngineMechanics``); format 1 models (the five base features, no
+mechanics) still load and predict as they did.
 
 No pickle, no joblib. ``to_files()``/``from_files()`` give the artifact as a
 ``{filename: bytes}`` dict: the registry stores it (``ttft-model/<engine key>``, see
@@ -29,18 +34,25 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 import skops.io as sio
+from sklearn.pipeline import Pipeline
 from threadpoolctl import threadpool_limits
 
 from promptdistill.core.errors import IntegrityError, ModelIdentityError
 from promptdistill.core.jsonio import canonical_json, json_safe
 from promptdistill.engine.base import EngineIdentity
-from promptdistill.ttft.estimators import MODEL_FEATURES, MonomialRegressor
-from promptdistill.ttft.fit import identity_of
+from promptdistill.ttft.estimators import (
+    BASE_FEATURES,
+    MODEL_FEATURES,
+    MonomialRegressor,
+    with_mechanics,
+)
+from promptdistill.ttft.fit import OPTIONAL_INPUTS, identity_of
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "TTFTModel", "feature_row"]
 
 FORMAT = "promptdistill.ttft-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_FEATURES_OF_VERSION = {1: BASE_FEATURES, 2: MODEL_FEATURES}
 _JSON = "model.json"
 _SKOPS = "estimator.skops"
 
@@ -57,26 +69,28 @@ _SKOPS_ALLOWED = frozenset(
 )
 
 
-def feature_row(features: Mapping[str, Any]) -> list[float]:
+def feature_row(features: Mapping[str, Any], names: tuple[str, ...] = MODEL_FEATURES) -> list[float]:
     """The model's feature vector from a features dict.
 
     ``uncached_tokens`` may be omitted when ``total_tokens`` and ``cached_tokens`` are
     given (it is their difference). ``cached_tokens`` is required: a cold prompt has 0,
-    a warm one the tokens its static prefix gets from the cache.
+    a warm one the tokens its static prefix gets from the cache (the model rounds it
+    down to whole cache blocks itself). ``tokens_ahead`` and ``batch_tokens`` default
+    to 0: a request sent alone.
 
     Raises:
         KeyError: naming the missing feature.
     """
-    values = dict(features)
+    values = {**OPTIONAL_INPUTS, **{k: v for k, v in features.items() if v is not None}}
     if "uncached_tokens" not in values and "total_tokens" in values and "cached_tokens" in values:
         values["uncached_tokens"] = values["total_tokens"] - values["cached_tokens"]
-    missing = [name for name in MODEL_FEATURES if name not in values or values[name] is None]
+    missing = [name for name in names if name not in values]
     if missing:
         raise KeyError(
-            f"features: missing {missing}; a TTFT prediction needs {list(MODEL_FEATURES)} "
+            f"features: missing {missing}; a TTFT prediction needs {list(names)} "
             "(uncached_tokens may be given as total_tokens and cached_tokens)"
         )
-    return [float(values[name]) for name in MODEL_FEATURES]
+    return [float(values[name]) for name in names]
 
 
 @dataclass
@@ -101,19 +115,25 @@ class TTFTModel:
     """Model-selection summary: chosen model, CV and held-out scores per candidate."""
     training: dict[str, Any] = field(default_factory=dict)
     """What the data covered: rows, prompts, feature ranges, profile file."""
-    features: tuple[str, ...] = MODEL_FEATURES
+    features: tuple[str, ...] | None = None
+    """The inputs the estimator takes: ``MODEL_FEATURES`` for a mechanics pipeline
+    (format 2), ``BASE_FEATURES`` for a bare regressor (format 1). None: inferred."""
     fitted_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     _blob: bytes | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.features is None:
+            self.features = MODEL_FEATURES if isinstance(self.estimator, Pipeline) else BASE_FEATURES
 
     @classmethod
     def from_fit(cls, fit: Any, df: pd.DataFrame, *, sources: Iterable[str] = ()) -> "TTFTModel":
         """Wrap a ``fit_models`` result, stamped with the identity of the rows it was fitted on."""
         rows = df  # every profiled row: ranges and the cache block describe what was measured
-        cached = rows.loc[rows["cached_tokens"] > 0, "cached_tokens"].astype(int) if "cached_tokens" in rows else []
+        mechanics = _mechanics_params(fit.estimator)
         training = {
             "rows": fit.rows,
-            # Prefix caches hold whole blocks: the block size is the gcd of the cached counts seen.
-            "cache_block_tokens": int(np.gcd.reduce(cached.to_numpy())) if len(cached) else None,
+            "cache_block_tokens": mechanics.get("block_tokens"),
+            "prefill_chunk_tokens": mechanics.get("chunk_tokens"),
             "runs": sorted(str(r) for r in rows["run_id"].unique()) if "run_id" in rows else [],
             "sources": list(sources),
             "ranges": {
@@ -122,12 +142,17 @@ class TTFTModel:
         }
         return cls(
             estimator=fit.estimator,
-            kind="monomial" if isinstance(fit.estimator, MonomialRegressor) else "hgb",
+            kind="monomial" if isinstance(_regressor(fit.estimator), MonomialRegressor) else "hgb",
             name=fit.chosen,
             engine_identity=identity_of(rows),
             metrics=fit.summary(),
             training=training,
         )
+
+    @property
+    def mechanics(self) -> dict[str, int | None]:
+        """The cache block and prefill chunk sizes the model derives its features with."""
+        return _mechanics_params(self.estimator)
 
     @property
     def relative_error(self) -> float:
@@ -142,14 +167,15 @@ class TTFTModel:
         """``features`` with ``cached_tokens``/``uncached_tokens`` set for a cold or warm cache.
 
         Warm: the static prefix (``static_prefix_tokens``, from ``promptdistill.ttft.features``)
-        is in the cache, rounded down to whole cache blocks of the size seen while
-        profiling (no rounding if no warm rows were profiled).
+        is in the cache, rounded down to whole cache blocks of the engine's size (as
+        profiled), never including the last prompt token.
         """
         out = dict(features)
         cached = 0
         if warm:
-            block = self.training.get("cache_block_tokens") or 1
-            cached = int(out["static_prefix_tokens"]) // block * block
+            block = self.mechanics.get("block_tokens") or self.training.get("cache_block_tokens") or 1
+            usable = min(int(out["static_prefix_tokens"]), int(out["total_tokens"]) - 1)
+            cached = max(0, usable) // block * block
         out["cached_tokens"] = cached
         out["uncached_tokens"] = int(out["total_tokens"]) - cached
         return out
@@ -196,7 +222,7 @@ class TTFTModel:
     ) -> np.ndarray:
         """Predicted TTFT in milliseconds for each features dict."""
         self.check_engine(engine_identity, allow_other_engine=allow_other_engine)
-        rows = [feature_row(f) for f in features]
+        rows = [feature_row(f, self.features) for f in features]
         if not rows:
             return np.zeros(0)
         with threadpool_limits(1):  # tiny inputs: threads only add contention
@@ -223,13 +249,18 @@ class TTFTModel:
 
     def _state(self) -> dict[str, Any]:
         if self.kind == "monomial":
-            return self.estimator.get_state()
-        return {"skops_sha256": hashlib.sha256(self._skops_bytes()).hexdigest()}
+            state = _regressor(self.estimator).get_state()
+        else:
+            state = {"skops_sha256": hashlib.sha256(self._skops_bytes()).hexdigest()}
+        if isinstance(self.estimator, Pipeline):
+            state = {"mechanics": self.mechanics, "regressor": state}
+        return state
 
     def _skops_bytes(self) -> bytes:
         # skops archives carry timestamps: dump once so the hash and version stay stable.
+        # Only the tree ensemble goes to skops; the mechanics step is two integers in the JSON.
         if self._blob is None:
-            self._blob = sio.dumps(self.estimator)
+            self._blob = sio.dumps(_regressor(self.estimator))
         return self._blob
 
     def to_files(self) -> dict[str, bytes]:
@@ -237,7 +268,7 @@ class TTFTModel:
         files: dict[str, bytes] = {}
         meta: dict[str, Any] = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": 2 if isinstance(self.estimator, Pipeline) else 1,
             "name": self.name,
             "kind": self.kind,
             "features": list(self.features),
@@ -248,13 +279,15 @@ class TTFTModel:
             "training": self.training,
         }
         if self.kind == "monomial":
-            meta["estimator"] = self.estimator.get_state()
+            meta["estimator"] = _regressor(self.estimator).get_state()
         elif self.kind == "hgb":
             blob = self._skops_bytes()
             files[_SKOPS] = blob
             meta["estimator"] = {"file": _SKOPS, "sha256": hashlib.sha256(blob).hexdigest()}
         else:
             raise ValueError(f"unknown model kind {self.kind!r}")
+        if isinstance(self.estimator, Pipeline):
+            meta["mechanics"] = self.mechanics
         meta["version"] = self.version
         files[_JSON] = (json.dumps(json_safe(meta), indent=2, sort_keys=True) + "\n").encode()
         return files
@@ -273,13 +306,15 @@ class TTFTModel:
             meta = json.loads(files[_JSON])
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise IntegrityError(f"{source}/{_JSON}: not valid JSON: {e}") from None
-        if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version")
+        if meta.get("format") != FORMAT or version not in _FEATURES_OF_VERSION:
             raise IntegrityError(
-                f"{source}/{_JSON}: format is {meta.get('format')!r} v{meta.get('format_version')!r}, "
-                f"expected {FORMAT!r} v{FORMAT_VERSION}"
+                f"{source}/{_JSON}: format is {meta.get('format')!r} v{version!r}, "
+                f"expected {FORMAT!r} v{'/'.join(str(v) for v in _FEATURES_OF_VERSION)}"
             )
-        if tuple(meta["features"]) != MODEL_FEATURES:
-            raise IntegrityError(f"{source}/{_JSON}: features {meta['features']} differ from {list(MODEL_FEATURES)}")
+        features = _FEATURES_OF_VERSION[version]
+        if tuple(meta["features"]) != features:
+            raise IntegrityError(f"{source}/{_JSON}: features {meta['features']} differ from {list(features)}")
         kind = meta["kind"]
         blob = None
         if kind == "monomial":
@@ -291,6 +326,14 @@ class TTFTModel:
             estimator, blob = _load_skops(files, meta["estimator"], source)
         else:
             raise IntegrityError(f"{source}/{_JSON}: kind: unknown model kind {kind!r}")
+        if version >= 2:
+            try:
+                mechanics = meta["mechanics"]
+                estimator = with_mechanics(estimator, block_tokens=mechanics["block_tokens"],
+                                           chunk_tokens=mechanics["chunk_tokens"])
+                estimator.steps[0][1].fit(np.zeros((1, len(MODEL_FEATURES))))  # stateless: fitting checks the sizes
+            except (KeyError, TypeError, ValueError) as e:
+                raise IntegrityError(f"{source}/{_JSON}: mechanics: {e}") from None
         model = cls(
             estimator=estimator,
             kind=kind,
@@ -299,6 +342,7 @@ class TTFTModel:
             metrics=meta.get("metrics", {}),
             training=meta.get("training", {}),
             fitted_at=meta["fitted_at"],
+            features=features,
             _blob=blob,
         )
         if model.engine_identity.key() != meta.get("engine_key"):
@@ -306,6 +350,18 @@ class TTFTModel:
         if model.version != meta.get("version"):
             raise IntegrityError(f"{source}/{_JSON}: version {meta.get('version')!r} does not match its content")
         return model
+
+
+def _regressor(estimator: Any) -> Any:
+    """The regressor of a model: the last step of a mechanics pipeline, or the estimator."""
+    return estimator.steps[-1][1] if isinstance(estimator, Pipeline) else estimator
+
+
+def _mechanics_params(estimator: Any) -> dict[str, int | None]:
+    if not isinstance(estimator, Pipeline):
+        return {}
+    step = estimator.steps[0][1]
+    return {"block_tokens": step.block_tokens, "chunk_tokens": step.chunk_tokens}
 
 
 def _load_skops(files: Mapping[str, bytes], ref: Mapping[str, Any], source: str) -> tuple[Any, bytes]:

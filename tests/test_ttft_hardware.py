@@ -1,0 +1,106 @@
+"""The hardware's limit: the matmul probe, the model's arithmetic, the batching ceiling,
+and the prefill-throughput table built from them (no engine)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from promptdistill.ttft.analysis import prefill_throughput
+from promptdistill.ttft.hardware import (
+    ModelFlops,
+    batched_ceiling,
+    foreign_cpu_share,
+    machine_busy_s,
+    measure_matmul_peak,
+    process_tree_cpu_s,
+)
+
+# SmolLM2-135M-Instruct's config.json (the embedded model).
+SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
+
+
+def test_model_flops_count_the_parameters_of_smollm2():
+    m = ModelFlops.from_config(SMOLLM2)
+    # Per layer: q and o 576x576, k and v 576x192, gate/up/down 3 x 576x1536.
+    assert m.matmul_params == 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536) == 106_168_320
+    assert m.total_params == m.matmul_params + 49152 * 576 == 134_479_872  # "135M": tied embeddings
+    assert m.attn_width == 576 and m.layers == 30
+
+
+def test_prefill_and_decode_flops():
+    m = ModelFlops.from_config(SMOLLM2)
+    head = 2 * 49152 * 576
+    assert m.prefill_flops(1) == pytest.approx(2 * m.matmul_params + 2 * 30 * 576 + head)
+    # Attention grows with the square of the new tokens and linearly with the cached ones.
+    n, c = 1000, 512
+    assert m.prefill_flops(n, c) - m.prefill_flops(n) == pytest.approx(2 * 30 * 576 * 2 * n * c)
+    assert m.prefill_flops(np.array([128, 2048])).shape == (2,)
+    per_token = m.prefill_flops(2048) / 2048
+    assert 2 * m.matmul_params < per_token < 1.4 * 2 * m.matmul_params  # attention adds under 40% at 2048
+    assert m.request_flops(100, 3) == pytest.approx(m.prefill_flops(100) + m.decode_flops(101) + m.decode_flops(102))
+    assert ModelFlops.from_columns(pd.Series(m.columns())) == m
+    assert ModelFlops.from_columns(pd.Series({"model_layers": 3})) is None
+
+
+def test_batched_ceiling_is_one_over_the_serial_share_of_peak():
+    c = batched_ceiling(serial_wall_s=10.0, total_flops=400e9, peak_gflops=200.0)
+    assert c["compute_floor_s"] == pytest.approx(2.0)
+    assert c["serial_share_of_peak"] == pytest.approx(0.2)
+    assert c["ceiling_ratio"] == pytest.approx(5.0)
+
+
+def test_matmul_probe_measures_a_positive_rate_and_restores_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    peak = measure_matmul_peak(sizes=(64, 128), min_time_s=0.01, samples=2, threads=1)
+    assert torch.get_num_threads() == before
+    assert peak.gflops == max(peak.by_size.values()) > 0 and peak.gflops_1t > 0
+    assert set(peak.columns()) == {"hw_matmul_gflops", "hw_matmul_threads", "hw_matmul_gflops_1t",
+                                   "hw_matmul_foreign_cpu_share", "hw_matmul_kernel"}
+    # Every kernel torch offers is tried (BLAS, and oneDNN where torch has it): the best counts.
+    assert "matmul" in peak.by_kernel and peak.gflops == max(peak.by_kernel.values())
+    assert peak.kernel in peak.by_kernel
+
+
+@pytest.mark.skipif(machine_busy_s() is None, reason="needs /proc/stat")
+def test_contention_accounting():
+    assert foreign_cpu_share(None, 1.0, 0.0, 1.0) != foreign_cpu_share(None, 1.0, 0.0, 1.0)  # NaN: unknown
+    cores = os.cpu_count() or 1
+    assert foreign_cpu_share(10.0, 10.0 + cores, 0.0, 1.0) == pytest.approx(1.0)
+    assert foreign_cpu_share(10.0, 11.0, 1.0, 1.0) == 0.0  # all the busy time was ours
+    sum(i * i for i in range(300_000))  # some CPU time of our own
+    assert process_tree_cpu_s((os.getpid(),)) > 0
+    assert process_tree_cpu_s(()) == 0.0
+
+
+def _ladder_rows(peak: float = 200.0) -> pd.DataFrame:
+    m = ModelFlops.from_config(SMOLLM2)
+    rows = []
+    for tokens, share in ((128, 0.3), (512, 0.6), (2000, 0.7)):
+        seconds = m.prefill_flops(tokens) / (share * peak * 1e9)
+        for r, wobble in enumerate((0.98, 1.0, 1.02)):
+            rows.append({"prompt_id": f"l{tokens}", "uncached_tokens": tokens, "cached_tokens": 0, "batch_size": 1,
+                         "ttft_ms": seconds * 1000 * wobble, "hw_matmul_gflops": peak, **m.columns()})
+    rows.append({**rows[0], "cached_tokens": 128, "ttft_ms": 1.0})  # warm: not a prefill of 128 tokens
+    rows.append({**rows[0], "batch_size": 3, "ttft_ms": 1.0})  # queued: waited for others
+    return pd.DataFrame(rows)
+
+
+def test_prefill_throughput_as_a_share_of_the_peak():
+    table = prefill_throughput(_ladder_rows(), n_boot=100).set_index("tokens")
+    assert list(table.index) == [128, 512, 2048]  # 2000 tokens stand for 2048: the context limit
+    assert table.loc[128, "n"] == 3 and table.loc[2048, "tokens_measured"] == 2000
+    assert table.loc[512, "share_of_peak"] == pytest.approx(0.6, rel=1e-6)
+    assert table.loc[512, "share_of_peak_lo"] < 0.6 < table.loc[512, "share_of_peak_hi"]
+    assert table.loc[2048, "tokens_per_s"] == pytest.approx(2000 / (table.loc[2048, "ttft_ms"] / 1000), rel=1e-6)
+
+
+def test_prefill_throughput_without_hardware_columns_has_no_share():
+    rows = _ladder_rows().drop(columns=["hw_matmul_gflops"])
+    assert prefill_throughput(rows, n_boot=20)["share_of_peak"].isna().all()
