@@ -139,15 +139,17 @@ def test_a_judge_that_stays_invalid_leaves_the_record_unscored():
     assert report.judge_calls == 2 and runner.stats["rubric_score"].invalid == 1
 
 
+def judge_says_same(req):
+    """The equivalence judge answers "same"; the task answers "billing"."""
+    if "verdict" in (req.schema or {}).get("properties", {}):
+        return json.dumps({"verdict": "same"})
+    return json.dumps({"label": "billing"})
+
+
 def test_baseline_replies_are_compared_in_both_orders():
     spec = load_spec("ticket_triage")
 
-    def reply(req):
-        if "verdict" in (req.schema or {}).get("properties", {}):
-            return json.dumps({"verdict": "same"})
-        return json.dumps({"label": "billing"})
-
-    fake = FakeEngine(reply)
+    fake = FakeEngine(judge_says_same)
     report = evaluate(fake, spec, RECORDS, baseline_replies=['{"label": "billing"}'] * 3)
     assert report.equivalence == [0.5, 0.5, 0.5] and report.equivalence_mean == 0.5
     assert report.judge_calls == 6 and fake.batches == [3, 6]
@@ -170,12 +172,7 @@ def test_merged_reports_concatenate():
 def test_merged_equivalence_fills_the_side_without_it():
     spec = load_spec("ticket_triage")
 
-    def reply(req):
-        if "verdict" in (req.schema or {}).get("properties", {}):
-            return json.dumps({"verdict": "same"})
-        return json.dumps({"label": "billing"})
-
-    fake = FakeEngine(reply)
+    fake = FakeEngine(judge_says_same)
     compared = evaluate(fake, spec, RECORDS[:1], baseline_replies=['{"label": "billing"}'])
     plain = evaluate(fake, spec, RECORDS[1:])
     assert compared.merged(plain).equivalence == [0.5, None, None]
