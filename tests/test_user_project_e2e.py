@@ -5,8 +5,9 @@ come from this repository's venv through a ``.pth`` file: a clean install of vLL
 minutes and gigabytes). In a folder outside the repository: ``promptdistill init``, then
 their own function-calling spec (a per-request output schema), a python metric module,
 label-free records, and a separate judge: a real vLLM server on 127.0.0.1 while the task
-runs in-process. ``promptdistill nightly --budget smoke`` runs there, and the published
-template renders with that request's schema through the client.
+runs in-process. ``prefect deploy --all`` registers the packaged flows from that folder,
+``promptdistill nightly --budget smoke`` runs there, and the published template renders
+with that request's schema through the client.
 """
 
 from __future__ import annotations
@@ -85,6 +86,18 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
                             "served_model_name = \"judge\"")
     assert "[judge]\nbackend" in config
     (project / "promptdistill.toml").write_text(config)
+
+    # `prefect deploy` from their folder: the deployments' entrypoints are the installed flows.
+    prefect = [str(installed / "bin" / "python"), "-m", "prefect"]
+    deploy_env = {**env, "PWD": str(project), "PREFECT_CLI_PROMPT": "false"}
+    for cmd in (["work-pool", "create", "promptdistill-local", "--type", "process"], ["--no-prompt", "deploy", "--all"]):
+        done = subprocess.run([*prefect, *cmd], cwd=project, env=deploy_env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"prefect {' '.join(cmd)}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    for name in ("nightly/nightly", "optimize-prompt/optimize-prompt", "profile-ttft/profile-ttft"):
+        assert name in done.stdout, done.stdout[-2000:]
+    inspect = subprocess.run([*prefect, "deployment", "inspect", "nightly/nightly"], cwd=project, env=deploy_env,
+                             capture_output=True, text=True, timeout=120).stdout
+    assert "'entrypoint': 'promptdistill.flows.nightly.nightly'" in inspect and str(project) in inspect, inspect
 
     run = subprocess.run([str(cli), "nightly", "--budget", "smoke"], cwd=project, env=env, capture_output=True,
                          text=True, timeout=2400)
