@@ -43,7 +43,7 @@ A peer that fails or writes nonsense is reported as it is, with its own instruct
 
 Usage:
     python -m bench.bench_peers [invoice_extraction ticket_triage ...] [--budget quick]
-        [--train 100] [--dev 400] [--test 200] [--peers mipro,gepa,gepa_ttft]
+        [--train 100] [--dev 100] [--test 100] [--peers mipro,gepa,gepa_ttft]
         [--gepa-metric-calls N] [--num-threads 16] [--timing-records 3] [--seed 0]
 """
 
@@ -75,6 +75,26 @@ GOAL_TOKENS_SHARE = 1 / 3
 """Ours may process at most this share of a peer's tokens."""
 RATIO_FIELDS = ("lm_calls", "tokens_processed", "minutes", "prompt_tokens", "instruction_tokens", "ttft_cold_ms",
                 "ttft_warm_ms")
+# What would cut a phase's tokens (the report names the phases that spend the most).
+PHASE_LEVERS = {
+    "race": "the baseline and every finalist are scored at each look of the certify records, so it scales with "
+            "(finalists + 1) x the records an undecided race reaches: racing one finalist, or a smaller pool "
+            "(dev_size) when the plan says it cannot certify anyway, cuts it",
+    "test verification": "the baseline and the winner are each scored on every test record: scoring only the "
+                         "winner (reusing the baseline's scores from an earlier night on the same template, engine "
+                         "and records) would halve it; it scales with test_size",
+    "ablations": "one pass over the screen records per unprotected clause: ablating only the clauses the judge "
+                 "does not clearly keep or drop, or fewer screen records, cuts it",
+    "screening": "every grid candidate (instruction variants x example counts) on the screen records: fewer "
+                 "variants or counts cut it in proportion",
+    "output formats": "two more output formats on format_size records: formats=False (constrained decoding is what "
+                      "is published anyway) removes it",
+    "example sets": "several example sets per count on the screen records: fixed_subsets=1 removes the choice",
+    "clause judge": "judge calls, one per unprotected clause (and repairs)",
+    "rewrites": "judge calls, one per rewrite target (and repairs)",
+    "calibration": "the equivalence judge on the baseline's screen replies: calibrate=False removes it",
+    "held-out test": "the distiller's own test check: test_size=0 (as the nightly presets) removes it",
+}
 
 
 # -- counting -----------------------------------------------------------------------------------
@@ -726,6 +746,61 @@ def _mark(v: Any) -> str:
     return "-" if v is None else ("yes" if v else "**no**")
 
 
+def search_line(kind: str, s: Mapping[str, Any]) -> str | None:
+    """One line on what a peer's search did (GEPA: candidates accepted, metric calls, validation scores)."""
+    if s.get("error") or "candidates" not in s:
+        return None
+    line = (f"- {kind}: {s['candidates'] - 1} new candidate(s) accepted in {s['total_metric_calls']} metric calls "
+            f"({s['lm_calls']} reached the engine, the rest from DSPy's cache); validation score "
+            f"{_f(s['val_score_seed'])} (seed) -> {_f(s['val_score'])} (returned)")
+    ttft = s.get("predicted_ttft_ms")
+    if ttft:
+        line += f"; predicted expected TTFT {ttft['seed']:.0f} ms (seed) -> {ttft['chosen']:.0f} ms (returned)"
+    return line
+
+
+def shortfalls(name: str, r: Mapping[str, Any], peers: Sequence[str]) -> list[str]:
+    """Per spec: each missed part of the goal in numbers; for tokens, the phases that spend them and the levers."""
+    ours = r["sides"]["ours"]
+    missed = {k: [part for part in ("quality", "prompt_tokens", "ttft_cold", "tokens_processed")
+                  if r["comparisons"][k]["goal"][part] is False] for k in peers}
+    if not any(missed.values()):
+        return []
+    out = [f"**{name}**:", ""]
+    for kind, parts in missed.items():
+        peer, c = r["sides"][kind], r["comparisons"][kind]
+        for part in parts:
+            if part == "quality":
+                out.append(f"- quality against {kind}: ours {_ci(ours)}, {kind} {_ci(peer)}; paired difference "
+                           f"{_f(c.get('quality_diff'), '+.3f')} [{_f(c.get('quality_diff_ci_low'), '+.3f')}, "
+                           f"{_f(c.get('quality_diff_ci_high'), '+.3f')}]")
+            elif part == "prompt_tokens":
+                out.append(f"- prompt tokens against {kind}: ours {_f(ours['prompt_tokens'], '.0f')} (instruction "
+                           f"{_f(ours.get('instruction_tokens'), '.0f')}), {kind} {_f(peer['prompt_tokens'], '.0f')} "
+                           f"(instruction {_f(peer.get('instruction_tokens'), '.0f')}, {peer.get('examples', 0)} demos)")
+            elif part == "ttft_cold":
+                out.append(f"- cold TTFT against {kind}: ours {_f(ours['ttft_cold_ms'], '.0f')} ms, {kind} "
+                           f"{_f(peer['ttft_cold_ms'], '.0f')} ms")
+    short = [k for k, parts in missed.items() if "tokens_processed" in parts]
+    if short:
+        cheapest = min(short, key=lambda k: r["sides"][k]["tokens_processed"])
+        allowed = GOAL_TOKENS_SHARE * r["sides"][cheapest]["tokens_processed"]
+        cut = 1 - allowed / ours["tokens_processed"]
+        test_calls = ours["phases"].get("optimize: test verification", {}).get("calls", 0)
+        out.append(f"- tokens processed against {', '.join(short)}: ours {ours['tokens_processed']} "
+                   f"({ours['prompt_tokens_processed']} prompt + {ours['completion_tokens_processed']} completion "
+                   f"reached the engine); a third of {cheapest}'s is {allowed:.0f}, so ours would have to cut "
+                   f"{cut:.0%}. The held-out verification alone ({test_calls} calls) is part of ours and not of "
+                   "the peers' (their test scoring is counted apart). By phase:")
+        total = max(1, ours["engine_tokens_processed"])
+        ranked = sorted(ours["phases"].items(), key=lambda kv: -(kv[1]["prompt_tokens"] + kv[1]["completion_tokens"]))
+        for phase, ph in ranked[:4]:
+            share = (ph["prompt_tokens"] + ph["completion_tokens"]) / total
+            lever = PHASE_LEVERS.get(phase.split(": ", 1)[-1].replace(" (judge)", ""), "")
+            out.append(f"  - {phase}: {share:.0%} ({ph['calls']} calls){': ' + lever if lever else ''}")
+    return [*out, ""]
+
+
 def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], total_minutes: float) -> str:
     peers = config["peers"]
     intro = (f"Budget preset `{config['budget']}` for ours (distiller, then optimizer, through the pipeline stages); "
@@ -734,7 +809,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
              "it. Tokens processed: prompt + completion of every LM request of the search (peers: compile, counted "
              "by the DSPy bridge; ours: the stage results, held-out verification included). Prompt tokens: the "
              "rendered chat prompt (served tokenizer), mean over the test records; instruction tokens: "
-             "`Spec.instruction_text()`. TTFT: measured, mean of "
+             "`Spec.instruction_text()` (instruction and rules; a peer's instruction is its whole system text). "
+             "TTFT: measured, mean of "
              f"{config['timing_records']} test records each. Whole run: {total_minutes:.1f} minutes.")
     lines = ["# Ours against DSPy MIPROv2 and GEPA (auto=light): same engine, records and metric", "", intro, ""]
     for name, r in rows.items():
@@ -766,15 +842,24 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
         ours = r["sides"]["ours"]
         kept = " (baseline kept)" if ours["kept_baseline"] else ""
         lines += ["", f"Ours: **{ours['winner']}**{kept}: {ours['reason']}", ""]
+        lines += [line for kind in peers if (line := search_line(kind, r["sides"][kind]))]
+        lines.append("")
     lines += ["## The goal, per spec and peer", "",
               ("Quality at least the peer's (or inside its 95% interval), fewer prompt tokens, lower cold TTFT, at "
                f"most {GOAL_TOKENS_SHARE:.2f} of the peer's tokens processed."), "",
-              "| spec | peer | quality | prompt tokens | cold TTFT | tokens processed <= 1/3 | all |", "|---|---|---|---|---|---|---|"]
+              ("| spec | peer | quality (ours - peer, paired) | prompt tokens (ours/peer) | cold TTFT (ours/peer) | "
+               "tokens processed (ours/peer) | all |"), "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         for kind in peers:
-            g = r["comparisons"][kind]["goal"]
-            lines.append(f"| {name} | {kind} | {_mark(g['quality'])} | {_mark(g['prompt_tokens'])} | "
-                         f"{_mark(g['ttft_cold'])} | {_mark(g['tokens_processed'])} | {_mark(g['met'])} |")
+            c = r["comparisons"][kind]
+            g = c["goal"]
+            lines.append(f"| {name} | {kind} | {_mark(g['quality'])} ({_f(c.get('quality_diff'), '+.3f')}) | "
+                         f"{_mark(g['prompt_tokens'])} ({_f(c['prompt_tokens_ours_over_peer'], '.2f')}x) | "
+                         f"{_mark(g['ttft_cold'])} ({_f(c['ttft_cold_ms_ours_over_peer'], '.2f')}x) | "
+                         f"{_mark(g['tokens_processed'])} ({_f(c['tokens_processed_ours_over_peer'], '.2f')}x) | "
+                         f"{_mark(g['met'])} |")
+    lines += ["", "## Where we fall short, and why", ""]
+    lines += [line for name, r in rows.items() for line in shortfalls(name, r, peers)] or ["Nowhere.", ""]
     lines += ["", "## Where our tokens go (requests that reached the engine, by phase)", "",
               "| spec | phase | LM calls | prompt tokens | completion tokens | share of tokens |", "|---|---|---|---|---|---|"]
     for name, r in rows.items():
@@ -806,8 +891,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
     p.add_argument("--budget", default="quick", help="ours: the nightly's budget preset (smoke, quick, full)")
     p.add_argument("--train", type=int, default=100, help="train records (ours: example pool; peers: trainset)")
-    p.add_argument("--dev", type=int, default=400, help="dev records (ours: screen + race; peers: valset)")
-    p.add_argument("--test", type=int, default=200, help="held-out test records every template is scored on")
+    # 100 dev records, not the nightly's 400: GEPA's light budget is about 4 x valset + 380 metric
+    # calls, made mostly in sequential 3-record steps; at 400 one GEPA run alone takes ~half an hour here.
+    p.add_argument("--dev", type=int, default=100, help="dev records (ours: screen + race; peers: valset)")
+    p.add_argument("--test", type=int, default=100, help="held-out test records every template is scored on")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
     p.add_argument("--gepa-metric-calls", type=int, default=None,
                    help="GEPA's max_metric_calls instead of auto='light' (the smoke test's size)")

@@ -17,7 +17,7 @@ BENCHMARKS = [
     ["bench.bench_ttft_model", "--budget-s", "420"],
     ["bench.bench_optimize", "--budget", "quick"],
     # Ours (the nightly's quick preset) against MIPROv2 and GEPA (auto="light"), three specs.
-    ["bench.bench_peers", "--train", "100", "--dev", "400", "--test", "200"],
+    ["bench.bench_peers", "--train", "100", "--dev", "100", "--test", "100"],
 ]
 
 
