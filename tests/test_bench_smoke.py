@@ -135,7 +135,7 @@ def test_bench_prefix_cache(tmp_path):
 
 @pytest.mark.engine
 def test_bench_ttft_model(tmp_path):
-    run_bench("bench.bench_ttft_model", "--budget-s", "60", "--points", "8", "--repeats", "1",
+    run_bench("bench.bench_ttft_model", "--budget-s", "180", "--points", "10", "--repeats", "1",
               "--out", str(tmp_path / "profiles"), tmp_path=tmp_path)
     report = read_report(tmp_path, "ttft_model")
     numbers(report, ("budget_s", "points", "repeats"))

@@ -93,3 +93,31 @@ def test_nonce_makes_the_prompt_unique_but_keeps_its_group(corpus, names, tokeni
     a, b = with_nonce(built, "aaaa", tokenizer), with_nonce(built, "bbbb", tokenizer)
     assert a.prompt_text != b.prompt_text and a.prompt_id == b.prompt_id == built.prompt_id
     assert a.features["total_tokens"] == len(tokenizer.tokenize(a.prompt_text))
+
+
+def test_ladder_and_queue_points(names):
+    points = design_points(spec_names=names, n_sweep=0, min_tokens=48, max_tokens=2000, density_probe_tokens=(),
+                           fewshot_probe_counts=(), spec_records=0, ladder_tokens=(128, 512, 2048),
+                           queue_batches=((3, 384), (2, 4000)))
+    ladder = [p for p in points if p.design == "ladder"]
+    assert [p.target_tokens for p in ladder] == [128, 512, 2000]  # capped to what the context allows
+    assert all(not p.batch_id for p in ladder)
+    queue = [p for p in points if p.design == "queue"]
+    assert [(p.batch_id, p.batch_position, p.target_tokens) for p in queue] == [
+        ("queue-3x384", 0, 384), ("queue-3x384", 1, 384), ("queue-3x384", 2, 384),
+        ("queue-2x2000", 0, 2000), ("queue-2x2000", 1, 2000)]
+    assert len({p.point_id for p in points}) == len(points)
+    assert len({p.record_offset for p in queue}) == len(queue)  # different text for every request
+
+
+def test_queue_prompts_share_no_cache_block(corpus, names, tokenizer):
+    points = [p for p in design_points(spec_names=names, n_sweep=0, min_tokens=48, max_tokens=1900, density_probe_tokens=(),
+                                       fewshot_probe_counts=(), spec_records=0, queue_batches=((3, 300),))]
+    built = [with_nonce(build_prompt(p, corpus, tokenizer), p.point_id, tokenizer) for p in points]
+    ids = [tokenizer.tokenize(b.prompt_text) for b in built]
+    # A prefix cache matches whole blocks from the start: requests that differ within the
+    # first block (here: their first line) can never share one.
+    for a in ids:
+        for b in ids:
+            if a is not b:
+                assert a[:16] != b[:16]

@@ -36,10 +36,10 @@ def test_profile_has_one_row_per_measurement_and_every_column(profile):
     df = profile.frame
     assert profile.stopped == "complete"
     first_attempts = df[df["attempt"] == 0]
-    assert len(first_attempts) == profile.planned_units
+    assert first_attempts["unit"].nunique() == profile.planned_units  # a queue unit gives one row per request
     # Every unit of every round was measured; retries only add rows.
     assert first_attempts.groupby(["prompt_id", "warm"])["round"].nunique().eq(SMALL.repeats).all()
-    assert set(df["design"]) == {"sweep", "density_probe", "spec"}
+    assert set(df["design"]) == {"sweep", "density_probe", "spec", "ladder", "queue"}
     assert df["spec"].nunique() == len(load_specs("prompts"))
     expected = {*FEATURE_KEYS, "cached_tokens", "uncached_tokens", "ttft_ms", "e2e_ms", "prompt_id", "repeat", "warm",
                 "timestamp", "engine_key", "engine_backend", "engine_model", "cpu_wall_ratio", "foreign_cpu_share", "contended"}
@@ -52,6 +52,31 @@ def test_profile_has_one_row_per_measurement_and_every_column(profile):
     assert not df["total_tokens"].is_monotonic_increasing and (df["warm"] != df["warm"].shift()).sum() > 2
     on_disk = pd.read_parquet(profile.path)
     assert len(on_disk) == len(df) and list(on_disk.columns) == list(df.columns)
+
+
+def test_profile_records_the_engine_mechanics_and_the_hardware(profile):
+    df = profile.frame
+    # vLLM's CPU build: 128-token cache blocks, 4096-token prefill chunks in-process.
+    assert (df["cache_block_tokens"] == 128).all() and (df["prefill_chunk_tokens"] == 4096).all()
+    assert (df["hw_matmul_gflops"] > 0).all() and df["hw_matmul_gflops"].nunique() == 1
+    assert df["hw_matmul_gflops"].iloc[0] == max(df["hw_matmul_gflops_start"].iloc[0], df["hw_matmul_gflops_end"].iloc[0])
+    assert df["model_matmul_params"].iloc[0] == 106_168_320  # SmolLM2-135M
+    warm = df[df["cached_tokens"] > 0]
+    assert (warm["cached_tokens"] % 128 == 0).all()
+
+
+def test_queue_rows_record_what_arrived_ahead(profile):
+    df = profile.frame
+    queue = df[df["design"] == "queue"]
+    alone = df[df["design"] != "queue"]
+    assert (alone["tokens_ahead"] == 0).all() and (alone["batch_tokens"] == 0).all() and (alone["batch_size"] == 1).all()
+    for (_, _), batch in queue.groupby(["run_id", "unit"]):
+        batch = batch.sort_values("batch_position")
+        assert batch["batch_tokens"].nunique() == 1 and batch["batch_tokens"].iloc[0] == batch["uncached_tokens"].sum()
+        assert batch["tokens_ahead"].tolist() == [0, *batch["uncached_tokens"].cumsum().iloc[:-1].tolist()]
+        assert (batch["cached_tokens"] == 0).all()  # a unique first line each: no request reuses another's blocks
+        # Served together: the last request waits at least as long as it would alone.
+        assert batch["ttft_ms"].iloc[-1] >= 0.9 * batch["ttft_ms"].iloc[0]
 
 
 def test_cold_rows_had_no_cached_tokens_and_warm_rows_had_them(profile):
@@ -106,3 +131,33 @@ def test_budget_stops_cleanly_and_keeps_what_was_measured(engine, tmp_path):
     assert result.stopped == "budget"
     assert 0 < len(result.frame) < result.planned_units
     assert len(pd.read_parquet(tmp_path / "p.parquet")) == len(result.frame)
+
+
+@pytest.mark.server
+def test_profile_and_model_through_a_server(model_dir, tmp_path):
+    """TTFT at the client over HTTP: the server's mechanics, contention net of the server's own
+    processes, and a model that a server engine built afresh finds by its identity."""
+    from promptdistill.core.config import EngineConfig
+    from promptdistill.engine.launcher import VLLMServer
+    from promptdistill.engine.server import ServerEngine
+    from promptdistill.pipeline.ttft_models import fit_and_publish, load_ttft_model
+    from promptdistill.registry.store import Registry
+
+    config = EngineConfig(backend="server", max_model_len=2048)
+    tiny = dataclasses.replace(SMALL, points=8, density_probe_tokens=(), ladder_tokens=(128,), spec_records=1,
+                               matmul_probe=False)
+    with VLLMServer(model_dir, config, startup_timeout_s=420) as server:
+        engine = ServerEngine(dataclasses.replace(config, server_urls=(server.url,)))
+        result = run_profile(engine, tiny, out=tmp_path / "p", progress=False, own_pids=(server._proc.pid,))
+        df = result.frame
+        assert result.info["queue_probe"].startswith("left out")
+        assert set(df["design"]) == {"sweep", "ladder", "spec"}
+        assert (df["engine_backend"] == "vllm-server").all()
+        # From the server's /server_info: the API server's chunk is 2048 tokens on the CPU build.
+        assert (df["cache_block_tokens"] == 128).all() and (df["prefill_chunk_tokens"] == 2048).all()
+        assert df["foreign_cpu_share"].notna().all()  # the server's CPU time is ours, not contention
+        registry = Registry(str(tmp_path / "registry"))
+        fit_and_publish(registry, df, report_dir=tmp_path / "reports", keep_contended=True)
+        fresh = ServerEngine(dataclasses.replace(config, server_urls=(server.url,)))  # as production builds one
+        model = load_ttft_model(registry, fresh.identity)
+        assert model.engine_identity.backend == "vllm-server" and model.mechanics["chunk_tokens"] == 2048

@@ -2,6 +2,9 @@
 
 ``fit`` publishes the chosen model to the registry (``ttft-model/<engine key>``), the one
 place TTFT models live: ``promptdistill optimize`` and the nightly flow load it from there.
+``profile --backend server --launch-server`` profiles through a vLLM server it starts on
+127.0.0.1 (TTFT at the client, HTTP included). ``report`` over profiles of several
+engines (the in-process and server backends) writes one overview and a report per engine.
 """
 
 from __future__ import annotations
@@ -26,18 +29,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = cmds.add_parser("profile", help="measure TTFT over a designed sweep and the bundled specs (to Parquet)")
     p.add_argument("--points", type=int, default=40, help="sweep points (Latin hypercube; default 40)")
-    p.add_argument("--repeats", type=int, default=2, help="rounds over the design (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over the design (default 3; the noise floor needs 2+)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop cleanly after this many seconds (default 420)")
     p.add_argument("--max-tokens", type=int, help="longest sweep prompt (default: the context limit)")
     p.add_argument("--spec-records", type=int, default=2, help="records per spec profiled as rendered (default 2)")
     p.add_argument("--no-fewshot-probe", action="store_true", help="skip the 0/1/4/8-example probe")
     p.add_argument("--density-probe-tokens", default="256,1024", help="token counts of the density probe ('' for none)")
+    p.add_argument("--ladder-tokens", default="128,256,512,1024,2048",
+                   help="sizes of the cold throughput ladder ('' for none)")
+    p.add_argument("--no-queue-probe", action="store_true", help="skip the groups of requests sent together")
+    p.add_argument("--no-matmul-probe", action="store_true", help="skip the machine's matmul peak (about 20 s)")
     p.add_argument("--max-retries", type=int, default=2, help="re-measurements of a contended request (default 2)")
     p.add_argument("--quiet-wait-s", type=float, default=10.0,
                    help="wait up to this long for other processes to leave the CPU before each request (default 10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=PROFILES_DIR, help=f"folder or .parquet file (default {PROFILES_DIR})")
     p.add_argument("--backend", choices=["local", "server"], help="override engine.backend")
+    p.add_argument("--launch-server", action="store_true",
+                   help="with --backend server: start a vLLM server on 127.0.0.1 for the profile (else use engine.server_urls)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_profile)
 
@@ -50,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _profile_args(r)
     r.add_argument("--out", default=REPORT_DIR, help=f"folder for report.md, report.json and PNGs (default {REPORT_DIR})")
     r.add_argument("--n-boot", type=int, default=500, help="bootstrap resamples (default 500)")
+    r.add_argument("--note", default="", help="a line under the overview's title (how the profiles were made)")
     r.set_defaults(func=_report)
 
 
@@ -83,13 +93,18 @@ def read_profiles(paths: list[str]) -> tuple[Any, list[str]]:
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True), [str(f) for f in files]
 
 
+def _tokens(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+
+
 def _profile(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
-    from promptdistill.engine import load_engine
-    from promptdistill.ttft.profile import ProfileConfig, run_profile
+    from promptdistill.ttft.profile import ProfileConfig
 
     settings = load_settings(args.config)
     engine_config = settings.engine if not args.backend else replace(settings.engine, backend=args.backend)
+    if args.launch_server and engine_config.backend != "server":
+        return _fail(ValueError("--launch-server needs --backend server (or engine.backend: server)"))
     try:
         config = ProfileConfig(
             points=args.points,
@@ -98,15 +113,17 @@ def _profile(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             spec_records=args.spec_records,
             fewshot_probe=not args.no_fewshot_probe,
-            density_probe_tokens=tuple(int(t) for t in args.density_probe_tokens.split(",") if t.strip()),
+            density_probe_tokens=_tokens(args.density_probe_tokens),
+            ladder_tokens=_tokens(args.ladder_tokens),
+            queue_batches=() if args.no_queue_probe else ProfileConfig.queue_batches,
+            matmul_probe=not args.no_matmul_probe,
             max_retries=args.max_retries,
             quiet_wait_s=args.quiet_wait_s,
             seed=args.seed,
         ).validate()
     except ValueError as e:
         return _fail(e)
-    with load_engine(engine_config) as engine:
-        result = run_profile(engine, config, out=args.out, progress=not args.quiet)
+    result = profile_engine(engine_config, config, out=args.out, progress=not args.quiet, launch_server=args.launch_server)
     frame = result.frame
     summary = {
         "path": str(result.path) if result.path else None,
@@ -119,6 +136,26 @@ def _profile(args: argparse.Namespace) -> int:
     }
     print(json.dumps(summary, indent=2))
     return 0 if len(frame) else 1
+
+
+def profile_engine(engine_config: Any, config: Any, *, out: str | None, progress: bool = True,
+                   launch_server: bool = False) -> Any:
+    """Run a profile on the configured engine; with ``launch_server``, through a vLLM server
+    started for it on 127.0.0.1 (whose processes then count as the measurement's, not as
+    contention). Returns the ``ProfileResult``."""
+    from promptdistill.engine import load_engine, resolve_model
+    from promptdistill.ttft.profile import run_profile
+
+    if not launch_server:
+        with load_engine(engine_config) as engine:
+            return run_profile(engine, config, out=out, progress=progress)
+    from promptdistill.engine.launcher import VLLMServer
+    from promptdistill.engine.server import ServerEngine
+
+    with VLLMServer(resolve_model(engine_config.model), engine_config, startup_timeout_s=600) as server:
+        engine = ServerEngine(replace(engine_config, backend="server", server_urls=(server.url,)))
+        proc = getattr(server, "_proc", None)  # the server's process group: its CPU is the engine's work
+        return run_profile(engine, config, out=out, progress=progress, own_pids=(proc.pid,) if proc else ())
 
 
 def _fit(args: argparse.Namespace) -> int:
@@ -155,23 +192,36 @@ def _fit_table(fit: object) -> str:
 
 def _report(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
-    from promptdistill.core.errors import TemplateNotFoundError
-    from promptdistill.pipeline.ttft_models import load_ttft_model
     from promptdistill.registry.store import Registry
-    from promptdistill.ttft.fit import engine_rows, fit_models, identity_of
-    from promptdistill.ttft.report import build_report
+    from promptdistill.ttft.fit import engine_rows, fit_models
+    from promptdistill.ttft.report import build_overview, build_report
 
+    registry = Registry(load_settings(args.config).registry)
     try:
         df, _ = read_profiles(args.profiles)
+        if args.engine_key is None and df["engine_key"].nunique() > 1:
+            versions = {key: _model_version(registry, engine_rows(df, key)) for key in df["engine_key"].dropna().unique()}
+            path = build_overview(df, args.out, n_boot=args.n_boot, seed=args.seed, model_versions=versions,
+                                  drop_contended=not args.keep_contended, note=args.note)
+            print(path)
+            return 0
         df = engine_rows(df, args.engine_key)
         fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
     except ValueError as e:
         return _fail(e)
-    try:  # name the model this engine's runs use, if one was published
-        version = load_ttft_model(Registry(load_settings(args.config).registry), identity_of(df)).version
-    except TemplateNotFoundError:
-        version = None
-    path = build_report(df, args.out, fit=fit, n_boot=args.n_boot, seed=args.seed, model_version=version,
-                        drop_contended=not args.keep_contended)
+    path = build_report(df, args.out, fit=fit, n_boot=args.n_boot, seed=args.seed,
+                        model_version=_model_version(registry, df), drop_contended=not args.keep_contended)
     print(path)
     return 0
+
+
+def _model_version(registry: Any, rows: Any) -> str | None:
+    """The version of the model this engine's runs use, if one was published."""
+    from promptdistill.core.errors import IntegrityError, TemplateNotFoundError
+    from promptdistill.pipeline.ttft_models import load_ttft_model
+    from promptdistill.ttft.fit import identity_of
+
+    try:
+        return load_ttft_model(registry, identity_of(rows)).version
+    except (TemplateNotFoundError, IntegrityError):
+        return None

@@ -2,13 +2,19 @@
 
 * :mod:`~promptdistill.ttft.features`: token features of a prompt (served tokenizer);
 * :mod:`~promptdistill.ttft.design`: which prompts to measure, built from specs and data;
-* :mod:`~promptdistill.ttft.profile`: measuring them on the real engine, to Parquet;
-* :mod:`~promptdistill.ttft.estimators` and :mod:`~promptdistill.ttft.fit`: the
-  regressors and model selection by grouped cross-validation;
+* :mod:`~promptdistill.ttft.profile` (with :mod:`~promptdistill.ttft.measure` and
+  :mod:`~promptdistill.ttft.engine_info`): measuring them on the real engine, in-process
+  or through a server, to Parquet, with the engine's cache block and chunk sizes;
+* :mod:`~promptdistill.ttft.hardware`: the machine's matmul peak and the model's FLOPs;
+* :mod:`~promptdistill.ttft.noise`: the noise floor of repeated measurements;
+* :mod:`~promptdistill.ttft.estimators` and :mod:`~promptdistill.ttft.fit`: the engine
+  mechanics, the regressors, and model selection by grouped cross-validation;
 * :mod:`~promptdistill.ttft.model`: ``TTFTModel``, the engine-stamped predictor (stored in
   the registry by :mod:`promptdistill.pipeline.ttft_models`);
-* :mod:`~promptdistill.ttft.analysis` and :mod:`~promptdistill.ttft.report`: coefficients
-  with bootstrap intervals, the density question, the few-shot table, figures.
+* :mod:`~promptdistill.ttft.analysis`, :mod:`~promptdistill.ttft.report` (with
+  :mod:`~promptdistill.ttft.report_text` and :mod:`~promptdistill.ttft.figures`):
+  coefficients with bootstrap intervals, the density question, the few-shot table,
+  throughput against the hardware, the queue, figures.
 
 Example:
     >>> model = load_ttft_model(Registry("artifacts/registry"), engine.identity)  # doctest: +SKIP

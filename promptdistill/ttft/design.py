@@ -1,6 +1,6 @@
 """The profiling design: which prompts to measure, built from the bundled specs and data.
 
-Four kinds of design point (``DesignPoint.design``):
+Six kinds of design point (``DesignPoint.design``):
 
 * ``sweep``: a Latin-hypercube sample over total tokens (log scale, a few dozen up to
   the context limit), few-shot count (0-8), a density knob and the static share of the
@@ -9,7 +9,12 @@ Four kinds of design point (``DesignPoint.design``):
   cleanest look at density with tokens held still;
 * ``fewshot_probe``: one ~512-token base with 0, 1, 4 and 8 examples of ~64 tokens;
 * ``spec``: the bundled specs rendered over their datasets by ``spec_messages``, the
-  prompts the models will actually be asked about.
+  prompts the models will actually be asked about;
+* ``ladder``: cold prompts of exactly 128, 256, ... 2048 tokens (up to the context
+  limit): prefill throughput at fixed sizes, set against the hardware's matmul peak;
+* ``queue``: groups of prompts sent together (``batch_id``, in ``batch_position``
+  order), each with a unique first line so none can reuse another's cache blocks: what
+  a request waits for when others arrive with it, and chunked prefill across steps.
 
 Synthetic prompts are real text: the system part is a spec's instruction and rules,
 continued with other specs' instructions and dataset documents as background, then
@@ -39,7 +44,11 @@ from promptdistill.specs.load import load_specs
 from promptdistill.specs.prompt import format_example, select_examples, spec_messages
 from promptdistill.specs.render import placeholders, render_messages
 from promptdistill.specs.text import FILLER_WORDS
-from promptdistill.ttft.features import features_from_messages, prompt_features, static_prefix_chars
+from promptdistill.ttft.features import (
+    features_from_messages,
+    prompt_features,
+    static_prefix_chars,
+)
 
 __all__ = [
     "BuiltPrompt",
@@ -87,6 +96,10 @@ class DesignPoint:
     """When > 0: the instruction and user parts are sized from this base alone (split by
     ``static_share``) and the examples come on top, so points that differ only in
     ``fewshot_count`` share the same instruction and user text (the few-shot probe)."""
+    batch_id: str = ""
+    """Queue points: the group sent together ('' for a request measured alone)."""
+    batch_position: int = 0
+    """Queue points: the order within the group (the engine serves it first come, first served)."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +272,8 @@ def design_points(
     fewshot_spec: str | None = None,
     spec_records: int = 2,
     spec_fewshot: Mapping[str, Sequence[int]] | None = None,
+    ladder_tokens: Sequence[int] = (),
+    queue_batches: Sequence[tuple[int, int]] = (),
 ) -> list[DesignPoint]:
     """Every design point of a profile (pure: the same arguments give the same points).
 
@@ -269,6 +284,9 @@ def design_points(
         spec_records: records per spec for the spec points (0: none).
         spec_fewshot: per spec, the few-shot counts to render it with (default: 0 and
             the spec's own count, given by the caller).
+        ladder_tokens: sizes of the cold throughput ladder (those above ``max_tokens``
+            are capped to it).
+        queue_batches: (requests, tokens each) of every group sent together.
     """
     if not spec_names:
         raise ValueError("design_points needs at least one spec name")
@@ -323,6 +341,15 @@ def design_points(
         for k in (spec_fewshot or {}).get(name, (0,)):
             for r in range(spec_records):
                 points.append(DesignPoint(point_id=f"spec-{name}-k{k}-r{r}", design="spec", spec=name, fewshot_count=k, record_offset=r * 11))
+    for i, n in enumerate(sorted({min(int(t), max_tokens) for t in ladder_tokens})):
+        points.append(DesignPoint(point_id=f"ladder-{n}", design="ladder", spec=spec_names[i % len(spec_names)],
+                                  target_tokens=n, density_knob=0.5, static_share=0.5, record_offset=400 + 5 * i))
+    for b, (count, n) in enumerate(queue_batches):
+        batch = f"queue-{count}x{min(n, max_tokens)}"
+        for j in range(count):
+            points.append(DesignPoint(point_id=f"{batch}-{j}", design="queue", spec=spec_names[(b + j) % len(spec_names)],
+                                      target_tokens=min(n, max_tokens), density_knob=0.5, static_share=0.5,
+                                      record_offset=300 + 17 * b + 3 * j, batch_id=batch, batch_position=j))
     return points
 
 

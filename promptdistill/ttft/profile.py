@@ -12,7 +12,17 @@ Measurement protocol (what makes the numbers trustworthy):
 * the order is interleaved: each round is a fresh random permutation of every
   (prompt, cold/warm) unit, so drift over time (thermal, other load) does not line up
   with any factor; rounds repeat the whole design;
-* every single measurement is a row; nothing is averaged away here.
+* every single measurement is a row; nothing is averaged away here;
+* queue groups (in-process only) are sent as one ``generate`` call, in order, after a
+  cache reset: each row records the uncached tokens ahead of it and of the whole group.
+  Over HTTP the client cannot say in which order, or in which engine step, concurrent
+  requests reach the scheduler, so a server profile leaves the queue probe out.
+
+Each profile also records what the models and the report need besides TTFT: the
+engine's cache block and prefill chunk sizes (``cache_block_tokens``,
+``prefill_chunk_tokens``), the model's arithmetic (``model_*``, from its config) and the
+machine's dense matmul peak, measured in this process before and after the run
+(``hw_matmul_gflops``: the better of the two; ``hw_*``).
 
 Contention. On a shared machine other processes can take the cores mid-request and
 multiply a TTFT several times over (measured here: a 73-token prompt at 3.6 s instead
@@ -25,15 +35,14 @@ share exceeds ``max_foreign_cpu_share`` is flagged ``contended`` and measured ag
 up to ``max_retries`` times. Before every measurement the profiler also waits (up to
 ``quiet_wait_s``, sleeping, so it adds no load) for a half-second in which the others
 stay under that share. Every attempt is kept as a row;
-fitting leaves out flagged rows and says how many. Other backends (a server, whose
-compute is outside this process) and machines without ``/proc/stat`` are not checked.
+fitting leaves out flagged rows and says how many. Through a server, its processes'
+CPU time counts as ours when their ids are given (``own_pids``: the server and its
+engine core); otherwise, and on machines without ``/proc/stat``, nothing is checked.
 """
 
 from __future__ import annotations
 
 import os
-import random
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,10 +52,7 @@ from statistics import median
 from typing import Any, Callable, Sequence
 
 import pandas as pd
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from promptdistill.core.errors import EngineError
 from promptdistill.engine.base import Engine, GenerationRequest
 from promptdistill.specs.prompt import format_example
 from promptdistill.ttft.design import (
@@ -57,6 +63,19 @@ from promptdistill.ttft.design import (
     summarize_points,
     with_nonce,
 )
+from promptdistill.ttft.engine_info import (
+    engine_mechanics,
+    engine_model_flops,
+    mechanics_columns,
+)
+from promptdistill.ttft.hardware import (
+    machine_busy_s,
+    measure_matmul_peak,
+    wait_for_quiet,
+)
+from promptdistill.ttft.measure import measure_unit, progress_bar
+from promptdistill.ttft.measure import row as make_row
+from promptdistill.ttft.measure import units as plan_units
 
 __all__ = [
     "ProfileConfig",
@@ -72,12 +91,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    """What to measure and how much it may cost. Defaults take about 6 minutes here."""
+    """What to measure and how much it may cost. Defaults take about 7 minutes here."""
 
     points: int = 40
     """Latin-hypercube sweep points (each measured cold, and warm when its static part allows)."""
-    repeats: int = 2
-    """Rounds over the whole design."""
+    repeats: int = 3
+    """Rounds over the whole design (the noise floor needs at least 2)."""
     budget_s: float = 420.0
     """Stop cleanly (keeping every row measured) once this much time has passed."""
     min_tokens: int = 48
@@ -87,6 +106,13 @@ class ProfileConfig:
     fewshot_probe: bool = True
     spec_records: int = 2
     """Records per spec rendered as the spec renders them (0: skip spec profiling)."""
+    ladder_tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
+    """Cold prompts of these sizes (capped to the longest possible): throughput vs the hardware."""
+    queue_batches: tuple[tuple[int, int], ...] = ((4, 384), (8, 768), (3, 1536))
+    """Groups sent together, as (requests, tokens each); in-process only. The defaults
+    span one engine step and, past vLLM's 4096-token CPU chunk, two."""
+    matmul_probe: bool = True
+    """Measure the machine's matmul peak before and after (about 10 s each)."""
     warmup: int = 3
     """Requests run and discarded before measuring."""
     min_warm_static_tokens: int = 160
@@ -95,13 +121,13 @@ class ProfileConfig:
     new_tokens: int = 1
     """Tokens generated per request (1: prefill only)."""
     max_retries: int = 2
-    """Re-measurements of a unit whose measurement was contended (in-process only)."""
+    """Re-measurements of a unit whose measurement was contended."""
     max_foreign_cpu_share: float = 0.2
     """Flag a measurement as contended when other processes used more than this share
     of the machine's CPU during it."""
     quiet_wait_s: float = 10.0
     """Before each measurement, wait up to this long for a moment when other processes
-    leave the CPU alone (in-process only; 0: measure at once)."""
+    leave the CPU alone (0: measure at once)."""
     prompts_dir: str = "prompts"
     seed: int = 0
 
@@ -115,6 +141,8 @@ class ProfileConfig:
             raise ValueError(f"ProfileConfig.budget_s must be positive, got {self.budget_s}")
         if self.min_tokens < 16:
             raise ValueError(f"ProfileConfig.min_tokens must be >= 16, got {self.min_tokens}")
+        if any(count < 1 or tokens < 16 for count, tokens in self.queue_batches):
+            raise ValueError(f"ProfileConfig.queue_batches must be (requests >= 1, tokens >= 16) pairs, got {self.queue_batches}")
         return self
 
 
@@ -136,6 +164,10 @@ def identity_columns(engine: Engine) -> dict[str, Any]:
     cols["engine_key"] = ident.key()
     cols["backend"] = ident.backend
     return cols
+
+
+def _in_process(engine: Engine) -> bool:
+    return engine.identity.backend.endswith("local")
 
 
 def plan_prompts(engine: Engine, config: ProfileConfig) -> list[BuiltPrompt]:
@@ -161,66 +193,15 @@ def plan_prompts(engine: Engine, config: ProfileConfig) -> list[BuiltPrompt]:
         fewshot_spec=fewshot_spec,
         spec_records=config.spec_records,
         spec_fewshot={s.name: tuple(sorted({0, s.examples.count})) for s in corpus.specs},
+        ladder_tokens=config.ladder_tokens,
+        queue_batches=config.queue_batches if _in_process(engine) else (),
     )
-    return [build_prompt(p, corpus, engine) for p in points]
-
-
-def _units(prompts: Sequence[BuiltPrompt], config: ProfileConfig) -> list[tuple[int, BuiltPrompt, bool]]:
-    """(round, prompt, warm) in measuring order: every round is a fresh permutation."""
-    base = []
-    for p in prompts:
-        base.append((p, False))
-        # The probes stay cold: they isolate density and few-shot count, not the cache.
-        if p.point.design in ("sweep", "spec") and p.features["static_prefix_tokens"] >= config.min_warm_static_tokens:
-            base.append((p, True))
-    rng = random.Random(config.seed)
-    order = []
-    for r in range(config.repeats):
-        shuffled = list(base)
-        rng.shuffle(shuffled)
-        order += [(r, p, warm) for p, warm in shuffled]
-    return order
-
-
-def _measure(engine: Engine, built: BuiltPrompt, warm: bool, config: ProfileConfig, can_reset: bool) -> dict[str, Any]:
-    cold_method = "reset"
-    if not (can_reset and engine.reset_prefix_cache()):
-        cold_method = "nonce"
-        built = with_nonce(built, uuid.uuid4().hex[:12], engine)
-    if warm:
-        engine.generate([GenerationRequest(prompt=built.prompt_text[: built.static_chars], max_tokens=1, temperature=0.0)])
-    request = GenerationRequest(messages=built.messages, max_tokens=config.new_tokens, temperature=0.0, seed=config.seed)
-    load_1m = os.getloadavg()[0]
-    busy0 = machine_busy_s()
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    error = None
-    try:
-        result = engine.generate([request])[0]
-    except EngineError as e:
-        result, error = None, f"{type(e).__name__}: {e}"
-    wall_ms = (time.perf_counter() - wall0) * 1000.0
-    cpu_ms = (time.process_time() - cpu0) * 1000.0
-    busy1 = machine_busy_s()
-    foreign = float("nan")
-    if busy0 is not None and busy1 is not None:
-        foreign = max(0.0, (busy1 - busy0) * 1000.0 - cpu_ms) / (wall_ms * (os.cpu_count() or 1))
-    cached = result.cached_tokens if result else 0
-    return {
-        **built.features,
-        "prompt_tokens": result.prompt_tokens if result else None,
-        "cached_tokens": cached,
-        "uncached_tokens": built.features["total_tokens"] - cached,
-        "ttft_ms": result.ttft_ms if result else float("nan"),
-        "e2e_ms": result.e2e_ms if result else float("nan"),
-        "completion_tokens": result.completion_tokens if result else 0,
-        "wall_ms": wall_ms,
-        "cpu_ms": cpu_ms,
-        "cpu_wall_ratio": cpu_ms / max(1e-9, wall_ms),
-        "foreign_cpu_share": foreign,
-        "loadavg_1m": load_1m,
-        "cold_method": cold_method,
-        "error": error or (result.error if result else None),
-    }
+    built = []
+    for p in points:
+        prompt = build_prompt(p, corpus, engine)
+        # A unique first line per queue request: no request of a group can reuse another's blocks.
+        built.append(with_nonce(prompt, p.point_id, engine) if p.design == "queue" else prompt)
+    return built
 
 
 def run_profile(
@@ -231,6 +212,7 @@ def run_profile(
     progress: bool = True,
     prompts: Sequence[BuiltPrompt] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    own_pids: Sequence[int] = (),
 ) -> ProfileResult:
     """Measure the design on ``engine`` and write every measurement to Parquet.
 
@@ -241,6 +223,8 @@ def run_profile(
             None: keep the frame in memory only.
         progress: a progress bar on stderr.
         prompts: prebuilt prompts (default: ``plan_prompts(engine, config)``).
+        own_pids: processes whose CPU time is part of the measurement (a local server
+            and its children), so contention can be told apart from the engine's work.
 
     Returns:
         The frame (one row per measurement), where it was written, and why it stopped.
@@ -250,99 +234,82 @@ def run_profile(
     started = clock()
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
     prompts = list(prompts) if prompts is not None else plan_prompts(engine, config)
-    units = _units(prompts, config)
-    ident = identity_columns(engine)
+    units = plan_units(prompts, config)
+    own = tuple(int(p) for p in own_pids)
+    constant = {**identity_columns(engine), **_machine_columns(engine)}
     can_reset = bool(engine.reset_prefix_cache())
-    check_contention = engine.identity.backend.endswith("local") and machine_busy_s() is not None
+    check_contention = (_in_process(engine) or bool(own)) and machine_busy_s() is not None
+    peaks = [_peak(config, own)]
     path = _output_path(out, run_id)
     rows: list[dict[str, Any]] = []
     stopped = "complete"
     for i in range(config.warmup):  # discarded: first requests pay one-off costs
         engine.generate([GenerationRequest(messages=prompts[i % len(prompts)].messages, max_tokens=1)])
-    bar = _progress(progress, len(units), summarize_points(prompts), config.budget_s)
+    bar = progress_bar(progress, len(units), summarize_points(prompts), config.budget_s)
     try:
-        for unit_no, (round_no, built, warm) in enumerate(units):
+        for unit_no, unit in enumerate(units):
             if clock() - started > config.budget_s:
                 stopped = "budget"
                 break
             for attempt in range(config.max_retries + 1):
                 if check_contention and config.quiet_wait_s > 0:
-                    wait_for_quiet(config.quiet_wait_s, config.max_foreign_cpu_share)
-                row = _measure(engine, built, warm, config, can_reset)
-                contended = check_contention and row["foreign_cpu_share"] > config.max_foreign_cpu_share
-                p = built.point
-                rows.append(
-                    {
-                        "run_id": run_id,
-                        "seq": len(rows),
-                        "unit": unit_no,
-                        "round": round_no,
-                        "repeat": round_no,
-                        "attempt": attempt,
-                        "point_id": p.point_id,
-                        "design": p.design,
-                        "spec": p.spec,
-                        "prompt_id": built.prompt_id,
-                        "warm": warm,
-                        "target_tokens": p.target_tokens,
-                        "density_knob": p.density_knob,
-                        "static_share_target": p.static_share,
-                        **row,
-                        "contended": bool(contended),
-                        **ident,
-                        "timestamp": datetime.now(timezone.utc),
-                    }
-                )
+                    wait_for_quiet(config.quiet_wait_s, config.max_foreign_cpu_share, own_pids=own)
+                measured = measure_unit(engine, unit, config, can_reset, own)
+                contended = check_contention and measured[0]["foreign_cpu_share"] > config.max_foreign_cpu_share
+                for built, values in zip(unit.prompts, measured):
+                    rows.append(make_row(run_id, len(rows), unit_no, unit, attempt, built, values, contended, constant))
                 if not contended or clock() - started > config.budget_s:
                     break
-            bar.advance(row["ttft_ms"], warm, contended)
+            bar.advance(measured[-1]["ttft_ms"], unit.warm, contended)
     except KeyboardInterrupt:
         stopped = "interrupted"
     finally:
         bar.close()
+        if stopped != "interrupted":
+            peaks.append(_peak(config, own))
         # Whatever stopped the run (the budget, Ctrl-C, an engine crash), keep what was measured.
         frame = pd.DataFrame(rows)
+        if not frame.empty:
+            frame = frame.assign(**_peak_columns(peaks))
         if path is not None and not frame.empty:
             write_parquet(frame, path)
+    queue = "measured" if any(p.point.batch_id for p in prompts) else (
+        "not planned" if _in_process(engine) else "left out: over HTTP the arrival order and engine step are not observable")
     return ProfileResult(
         frame=frame,
         path=path if not frame.empty else None,
         stopped=stopped,
         planned_units=len(units),
         elapsed_s=clock() - started,
-        info={"cold_method": "reset" if can_reset else "nonce", **summarize_points(prompts)},
+        info={"cold_method": "reset" if can_reset else "nonce", "queue_probe": queue,
+              "matmul_gflops": [round(p.gflops, 1) for p in peaks if p is not None], **summarize_points(prompts)},
     )
 
 
-def machine_busy_s() -> float | None:
-    """Seconds of CPU time the whole machine has spent busy since boot (None off Linux)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
+def _machine_columns(engine: Engine) -> dict[str, Any]:
+    """Columns every row of this run shares: engine mechanics and the model's arithmetic."""
+    cols: dict[str, Any] = mechanics_columns(engine_mechanics(engine))
+    flops = engine_model_flops(engine)
+    if flops is not None:
+        cols.update(flops.columns())
+    return cols
+
+
+def _peak(config: ProfileConfig, own: tuple[int, ...]) -> Any:
+    if not config.matmul_probe:
         return None
-    # user nice system idle iowait irq softirq steal (guest time is already in user).
-    busy = sum(fields[:8]) - fields[3] - fields[4]
-    return busy / os.sysconf("SC_CLK_TCK")
+    if config.quiet_wait_s > 0:
+        wait_for_quiet(config.quiet_wait_s, config.max_foreign_cpu_share, own_pids=own)
+    return measure_matmul_peak()
 
 
-def wait_for_quiet(max_wait_s: float, max_share: float, window_s: float = 0.5) -> bool:
-    """Sleep until other processes use at most ``max_share`` of the CPU over a window.
-
-    Returns False when ``max_wait_s`` passed without such a window (or off Linux).
-    """
-    deadline = time.monotonic() + max_wait_s
-    cores = os.cpu_count() or 1
-    while time.monotonic() < deadline:
-        busy0, cpu0, wall0 = machine_busy_s(), time.process_time(), time.perf_counter()
-        if busy0 is None:
-            return False
-        time.sleep(window_s)
-        busy1 = machine_busy_s() or busy0
-        foreign = max(0.0, (busy1 - busy0) - (time.process_time() - cpu0))
-        if foreign / ((time.perf_counter() - wall0) * cores) <= max_share:
-            return True
-    return False
+def _peak_columns(peaks: list[Any]) -> dict[str, Any]:
+    """The better probe counts (the peak is what the hardware can do); both are kept."""
+    measured = [p for p in peaks if p is not None]
+    if not measured:
+        return {}
+    best = max(measured, key=lambda p: p.gflops)
+    return {**best.columns(), "hw_matmul_gflops_start": measured[0].gflops, "hw_matmul_gflops_end": measured[-1].gflops}
 
 
 def _output_path(out: str | os.PathLike[str] | None, run_id: str) -> Path | None:
@@ -365,36 +332,3 @@ def write_parquet(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
-
-
-class _Bar:
-    """A rich progress bar on stderr (or nothing)."""
-
-    def __init__(self, enabled: bool, total: int, summary: dict[str, Any], budget_s: float):
-        self._progress = None
-        if not enabled:
-            return
-        console = Console(file=sys.stderr)
-        console.print(
-            f"TTFT profile: {summary['prompts']} prompts, {total} measurements planned, "
-            f"{summary['total_tokens'][0]}-{summary['total_tokens'][1]} tokens, budget {budget_s:.0f} s"
-        )
-        self._progress = Progress(
-            TextColumn("measuring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[last]}"), console=console,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task("ttft", total=total, last="")
-
-    def advance(self, ttft_ms: float, warm: bool, contended: bool) -> None:
-        if self._progress is not None:
-            note = " (contended)" if contended else ""
-            self._progress.update(self._task, advance=1, last=f"last {ttft_ms:.0f} ms {'warm' if warm else 'cold'}{note}")
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-
-def _progress(enabled: bool, total: int, summary: dict[str, Any], budget_s: float) -> _Bar:
-    return _Bar(enabled, total, summary, budget_s)

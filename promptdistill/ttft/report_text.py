@@ -111,6 +111,11 @@ def _mechanics(n: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _num(v: Any) -> str:
+    # A probe a profile did not run (an older or a server profile) reads as 'not measured'.
+    return "not measured" if v is None or v != v else f"{v:.0f}"
+
+
 def _hardware(n: dict[str, Any], figures: dict[str, str]) -> str:
     hw = n["hardware"]
     if hw["matmul_gflops"] is None or hw["model"] is None:
@@ -127,7 +132,7 @@ def _hardware(n: dict[str, Any], figures: dict[str, str]) -> str:
             "share_of_peak": [f"{v:.0%} [{lo:.0%}, {hi:.0%}]" for v, lo, hi in table[["share_of_peak", "share_of_peak_lo", "share_of_peak_hi"]].to_numpy()],
         })
     img = f"\n![prefill against the matmul peak]({figures['throughput']})" if "throughput" in figures else ""
-    return f"""Dense float32 matmul peak, measured in the profiling process with torch (the best of square products of 512-2048 tokens, every core, over torch's BLAS and oneDNN; best: `{hw.get('matmul_kernel') or 'matmul'}`): **{hw['matmul_gflops']:.0f} GFLOP/s** on {hw['matmul_threads']:.0f} threads (probe at the start {hw['matmul_gflops_start']:.0f}, at the end {hw['matmul_gflops_end']:.0f}; one torch thread {hw['matmul_gflops_1t']:.0f}).
+    return f"""Dense float32 matmul peak, measured in the profiling process with torch (the best of square products of 512-2048 tokens, every core, over torch's BLAS and oneDNN; best: `{hw.get('matmul_kernel') or 'matmul'}`): **{hw['matmul_gflops']:.0f} GFLOP/s** on {_num(hw.get('matmul_threads'))} threads (probe at the start {_num(hw.get('matmul_gflops_start'))}, at the end {_num(hw.get('matmul_gflops_end'))}; one torch thread {_num(hw.get('matmul_gflops_1t'))}).
 Model arithmetic: {model['total_params'] / 1e6:.1f} M parameters, {model['matmul_params'] / 1e6:.1f} M of them in the linear layers every token passes through, so {hw['gflop_per_token_linear']:.3f} GFLOP per prompt token (2 x those parameters), plus causal attention (2 x layers x width x n²) and the last token's logits.
 
 Cold prefill of requests sent alone (medians with 95% bootstrap intervals over measurements; TTFT includes the engine's per-request overhead):
