@@ -18,6 +18,8 @@ BENCHMARKS = [
     ["bench.bench_optimize", "--budget", "quick"],
     # Ours (the nightly's quick preset) against MIPROv2 and GEPA (auto="light"), three specs.
     ["bench.bench_peers", "--train", "100", "--dev", "100", "--test", "100"],
+    # The same night's specs over one vLLM endpoint, then two (Dask workers, a Prefect server).
+    ["bench.bench_endpoints", "--budget", "smoke"],
 ]
 
 
