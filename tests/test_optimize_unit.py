@@ -471,6 +471,9 @@ def test_a_metric_that_scores_every_baseline_reply_zero_keeps_the_baseline(triag
     assert result.kept_baseline and result.winner_id == "baseline"
     assert "the metric does not measure quality here; keeping the baseline" in result.reason
     assert result.plan is None and (result.candidates["race_n"] == 0).all()
+    # Nothing but the baseline is screened: a metric that cannot tell replies apart is not spent on.
+    others = result.candidates[result.candidates["candidate_id"] != "baseline"]
+    assert len(others) and (others["screen_n"].fillna(0) == 0).all()
 
 
 def test_a_winner_that_fails_on_test_is_reverted_to_the_baseline(triage):

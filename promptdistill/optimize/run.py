@@ -269,11 +269,17 @@ class OptimizeRun:
                                       "tokens, over this template's cacheable share")
             self.predict(base)
         self.screen([])
+        if base.screen is not None:
+            # A metric that scores the baseline 0 everywhere cannot tell candidates apart:
+            # stop before spending the screen on them.
+            self.kept_reason = unmeasured_quality(base.screen.scores)
         return base
 
     def choose_fixed_sets(self) -> dict[int, ExampleCandidate]:
         """Per fixed count, the example set with the best screen score (original instruction)."""
         chosen: dict[int, ExampleCandidate] = {}
+        if self.kept_reason:
+            return chosen
         base_key = (build_system(self.baseline.spec, self.baseline.examples), self.baseline.spec.user)
         for k in sorted({k for k in self.budget.fewshot_counts if k > 0}):
             subsets = fixed_subsets(self.spec, self.splits.train, k, n_subsets=max(1, self.budget.fixed_subsets),
@@ -341,6 +347,10 @@ class OptimizeRun:
             else:
                 cand.notes.append(f"does not fit the context window: {cand.prediction['longest_prompt_tokens']} "
                                   f"prompt tokens + {self.max_tokens} > {self.meter.identity.max_model_len}")
+        if self.kept_reason:
+            for cand in runnable:
+                cand.notes.append(f"not screened: {self.kept_reason}")
+            return
         ranked = self.screen(runnable, keep=len(runnable))
         if self.baseline.screen is None:
             self.kept_reason = self.search_budget.reason or "the baseline could not be screened"

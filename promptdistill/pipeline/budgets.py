@@ -81,7 +81,7 @@ def budget_preset(name: str) -> dict[str, Any]:
                                      finalists=2, race=False),
             # Per-request (similar) examples are left out: they are not publishable as a static
             # template, and screening them would only draw the trade-off table.
-            "budget": OptimizeBudget(max_lm_calls=1600, max_minutes=4.0, screen_size=16, dev_size=400, test_size=200,
+            "budget": OptimizeBudget(max_lm_calls=1600, max_minutes=6.0, screen_size=16, dev_size=400, test_size=200,
                                      fewshot_counts=(0, 2, 4), similar_counts=(), fixed_subsets=1, max_variants=3,
                                      feature_records=3, timing_records=2, format_size=8),
             "selection": SelectionRule(finalists=2),
