@@ -39,6 +39,7 @@ import httpx  # noqa: E402
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import resolve_model  # noqa: E402
 from promptdistill.engine.launcher import VLLMServer, free_port  # noqa: E402
+from promptdistill.flows import drain_prefect  # noqa: E402
 
 SERVED = "smollm2-bench"
 ENV_KEYS = ("PROMPTDISTILL_BACKEND", "PROMPTDISTILL_SERVER_URLS", "PROMPTDISTILL_SERVED_MODEL_NAME",
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
             one = night(servers[:1], root, "one", specs, params)
             print(f"  {one['specs_per_hour']} specs/h; two endpoints ...", flush=True)
             two = night(servers, root, "two", specs, params)
+            drain_prefect()  # while its server runs: at exit Prefect would retry a stopped one for minutes
     finally:
         for server in servers:
             server.stop()

@@ -3,7 +3,6 @@ waited for with a bound, and always stopped (TERM, then KILL) however the test e
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from promptdistill.engine.launcher import free_port
+from promptdistill.flows import drain_prefect
 
 __all__ = ["background", "drain_prefect", "free_port", "stop", "tail", "wait_http"]
 
@@ -68,16 +68,3 @@ def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float, wha
     pytest.fail(f"{what} not ready after {timeout_s:.0f} s:\n{tail(log)}")
 
 
-def drain_prefect() -> None:
-    """Send Prefect's queued logs and events now, while the test's server still runs (as
-    ``prefect_test_harness`` does): at exit they would retry a stopped server for minutes."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.utilities.asyncutils import run_coro_as_sync
-
-    async def drain() -> None:
-        for result in (APILogWorker.instance().drain(), EventsWorker.drain_all()):
-            if inspect.isawaitable(result):
-                await result
-
-    run_coro_as_sync(drain())
