@@ -54,18 +54,35 @@ def test_batched_ceiling_is_one_over_the_serial_share_of_peak():
     assert c["ceiling_ratio"] == pytest.approx(5.0)
 
 
-def test_matmul_probe_measures_a_positive_rate_and_restores_threads():
-    import torch
+MATMUL_PROBE = """
+import json, torch
+from promptdistill.ttft.hardware import measure_matmul_peak
+before = torch.get_num_threads()
+peak = measure_matmul_peak(sizes=(64, 128), min_time_s=0.01, samples=2, threads=1)
+print(json.dumps({"restored": torch.get_num_threads() == before, "gflops": peak.gflops,
+                  "by_size": list(peak.by_size.values()), "gflops_1t": peak.gflops_1t,
+                  "columns": sorted(peak.columns()), "by_kernel": peak.by_kernel, "kernel": peak.kernel}))
+"""
 
-    before = torch.get_num_threads()
-    peak = measure_matmul_peak(sizes=(64, 128), min_time_s=0.01, samples=2, threads=1)
-    assert torch.get_num_threads() == before
-    assert peak.gflops == max(peak.by_size.values()) > 0 and peak.gflops_1t > 0
-    assert set(peak.columns()) == {"hw_matmul_gflops", "hw_matmul_threads", "hw_matmul_gflops_1t",
-                                   "hw_matmul_foreign_cpu_share", "hw_matmul_kernel"}
+
+def test_matmul_probe_measures_a_positive_rate_and_restores_threads():
+    # In a fresh interpreter: once vLLM has bound torch's threads in a process (as the
+    # session's engine does in this one), torch refuses thread changes and the one-thread
+    # figure reads 'not measured' (NaN), which the report says.
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", MATMUL_PROBE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = json.loads(done.stdout.strip().splitlines()[-1])
+    assert peak["restored"]
+    assert peak["gflops"] == max(peak["by_size"]) > 0 and peak["gflops_1t"] > 0
+    assert peak["columns"] == sorted({"hw_matmul_gflops", "hw_matmul_threads", "hw_matmul_gflops_1t",
+                                      "hw_matmul_foreign_cpu_share", "hw_matmul_kernel"})
     # Every kernel torch offers is tried (BLAS, and oneDNN where torch has it): the best counts.
-    assert "matmul" in peak.by_kernel and peak.gflops == max(peak.by_kernel.values())
-    assert peak.kernel in peak.by_kernel
+    assert "matmul" in peak["by_kernel"] and peak["gflops"] == max(peak["by_kernel"].values())
+    assert peak["kernel"] in peak["by_kernel"]
 
 
 @pytest.mark.skipif(machine_busy_s() is None, reason="needs /proc/stat")

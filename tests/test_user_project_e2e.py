@@ -112,8 +112,9 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
             "body = t.request_body({'request': 'wake me at 06:45', 'function': fn}, model='m')\n"
             "print(json.dumps({'schema': body['response_format']['json_schema']['schema'],\n"
             "                  'provenance': t.provenance}))\n")
-    out = subprocess.run([str(installed / "bin" / "python"), "-c", code], cwd=project, env=env, check=True,
+    out = subprocess.run([str(installed / "bin" / "python"), "-c", code], cwd=project, env=env,
                          capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"{out.stderr[-3000:]}\n--- the nightly printed:\n{run.stdout[-3000:]}"
     published = json.loads(out.stdout.strip().splitlines()[-1])
     assert published["schema"] == FUNCTION["parameters"]
     provenance = published["provenance"]
