@@ -232,3 +232,24 @@ def test_datasets_import_names_a_missing_column(tmp_path):
     spec_path = make_project(tmp_path)
     (tmp_path / "t.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
     assert main(["datasets", "import", str(tmp_path / "t.jsonl"), "--spec", str(spec_path)]) == 2
+
+
+def test_the_optimizer_publishes_constrained_decoding_for_a_per_request_schema(tmp_path):
+    """The formats step compares ways to get JSON against one declared schema; a spec whose
+    schema comes with each request has none to declare, and its published content must
+    still constrain every request to that request's schema."""
+    import dataclasses
+
+    from test_optimize_unit import ttft_model
+
+    from promptdistill.optimize.optimizer import optimize
+    from promptdistill.optimize.run import OptimizeBudget
+
+    spec = load_spec(make_project(tmp_path))
+    budget = OptimizeBudget(max_lm_calls=400, screen_size=4, dev_size=8, test_size=4, fewshot_counts=(0,),
+                            similar_counts=(), fixed_subsets=1, max_variants=1, feature_records=2,
+                            timing_records=0, format_size=4)
+    for formats in (True, False):
+        result = optimize(FakeEngine(reply=reply_from_request), spec, ttft_model=ttft_model(),
+                          budget=dataclasses.replace(budget, formats=formats))
+        assert result.content["response_format"] == "json_schema" and result.content["schema_from"] == "function"

@@ -108,6 +108,10 @@ def choose_format(run: OptimizeRun, winner: ExampleCandidate) -> tuple[pd.DataFr
     decoding is constrained, and the report whose completion tokens size ``max_tokens``.
     """
     own = winner.raced if winner.raced is not None else winner.screen
+    if run.spec.schema_from is not None:
+        # Each request brings its own schema: decoding is constrained to it (the evaluation
+        # was); there is no one schema to declare in the prompt instead.
+        return pd.DataFrame(), "constrained", winner.spec, True, own
     if run.spec.output_schema is None:
         return pd.DataFrame(), "none", winner.spec, False, own
     n = min(run.budget.format_size, winner.screen.n)
@@ -137,7 +141,7 @@ def _budget_from(report: EvalReport) -> TokenBudget:
 
 
 def _content(spec: Spec, cand: ExampleCandidate, tb: TokenBudget, constrained: bool) -> dict[str, Any]:
-    fmt = "json_schema" if constrained and spec.output_schema is not None else "none"
+    fmt = "json_schema" if constrained and (spec.output_schema is not None or spec.schema_from is not None) else "none"
     return template_content(spec, cand.examples, max_tokens=tb.max_tokens, response_format=fmt, sampling=SAMPLING)
 
 
