@@ -43,6 +43,10 @@ def test_prefill_and_decode_flops():
     per_token = m.prefill_flops(2048) / 2048
     assert 2 * m.matmul_params < per_token < 1.4 * 2 * m.matmul_params  # attention adds under 40% at 2048
     assert m.request_flops(100, 3) == pytest.approx(m.prefill_flops(100) + m.decode_flops(101) + m.decode_flops(102))
+    # A cached prefix is not computed again: only the rest of the prompt, over its whole context.
+    assert m.request_flops(100, 3, cached_tokens=64) == pytest.approx(
+        m.prefill_flops(36, 64) + m.decode_flops(101) + m.decode_flops(102))
+    assert m.request_flops(100, 3, cached_tokens=64) < m.request_flops(100, 3)
     assert ModelFlops.from_columns(pd.Series(m.columns())) == m
     assert ModelFlops.from_columns(pd.Series({"model_layers": 3})) is None
 

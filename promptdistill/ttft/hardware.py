@@ -219,9 +219,11 @@ class ModelFlops:
         """FLOPs of one decoded token over ``context_tokens`` of context."""
         return 2.0 * self.matmul_params + 4.0 * self.layers * self.attn_width * context_tokens + 2.0 * self.vocab * self.hidden
 
-    def request_flops(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """A whole request: prefill, then each generated token after the first over its context."""
-        total = float(self.prefill_flops(prompt_tokens))
+    def request_flops(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """A whole request: prefill of the tokens the prefix cache did not hold (each over its
+        causal context), then each generated token after the first over its context."""
+        cached = min(max(0, cached_tokens), prompt_tokens)
+        total = float(self.prefill_flops(prompt_tokens - cached, cached))
         for i in range(1, max(0, completion_tokens)):
             total += float(self.decode_flops(prompt_tokens + i))
         return total
