@@ -5,8 +5,8 @@ Two OpenAI-compatible vLLM servers start on 127.0.0.1, each bound to a core of i
 nightly flow runs the specs on a local Dask cluster (``dask="local"``, one worker per
 endpoint) twice: with ``server_urls`` = the first server, then both. Each side has its own
 state folder (no LM or result cache carried over) and starts with the servers' prefix
-caches reset; the TTFT model is fitted once before either side and excluded from the
-timings. Reports specs per hour, LM requests per second per endpoint and the two/one ratio.
+caches reset; the TTFT model is fitted in the first side's night (the sides share one
+registry) and its profile is left out of the timings and the endpoints' counts. Reports specs per hour, LM requests per second per endpoint and the two/one ratio.
 
 On this 2-core machine the second endpoint takes the core the first one leaves free, and
 the flow, the Dask workers and the Prefect server share both cores with the servers: the
