@@ -182,6 +182,31 @@ def test_ttft_model_round_trips_through_the_registry(registry, fitted):
         ttft_models.load_ttft_model(registry, other)
 
 
+def test_a_newest_model_this_code_cannot_load_gives_way_to_the_last_good_one(registry, fitted):
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    from promptdistill.core.errors import IntegrityError
+    from promptdistill.ttft.estimators import with_mechanics
+    from promptdistill.ttft.model import TTFTModel
+
+    good, _ = fitted
+    ttft_models.publish_ttft_model(registry, good)
+    # Published by an older promptdistill whose mechanics handed the regressor 7 columns.
+    rng = np.random.default_rng(0)
+    old = HistGradientBoostingRegressor(max_iter=3).fit(rng.random((30, 7)), rng.random(30))
+    ttft_models.publish_ttft_model(registry, TTFTModel(with_mechanics(old), "hgb", "hgb", IDENTITY))
+
+    status = ttft_models.ttft_status(registry, IDENTITY, max_age_hours=None)
+    assert status.needs_refresh and "TTFT model 2 cannot be used" in status.reason and "takes 7 inputs" in status.reason
+    assert status.version == 1  # what a failed refresh falls back on
+    with pytest.warns(UserWarning, match="takes 7 inputs.*using TTFT model 1"):
+        assert ttft_models.load_ttft_model(registry, IDENTITY).version == good.version
+    with pytest.raises(IntegrityError, match=r"ttft-model/.*:2/model.json: estimator"):
+        ttft_models.load_ttft_model(registry, IDENTITY, version=2)
+    outcome = ttft_models.after_failed_refresh(status, "engine down")
+    assert outcome["version"] == 1 and "using the old model" in outcome["reason"]
+
+
 def test_ttft_metadata_is_json_even_with_undefined_scores(registry, fitted):
     model, _ = fitted
     model.metrics = {**model.metrics, "cv": {"linear": {"r2": float("nan"), "mape": np.float64(0.1)}}}

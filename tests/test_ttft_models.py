@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from sklearn.base import clone
+from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.utils.estimator_checks import estimator_checks_generator
 from threadpoolctl import threadpool_limits
 
@@ -390,3 +391,13 @@ def test_a_server_identity_finds_the_model_fitted_through_the_server(tmp_path):
     assert load_ttft_model(registry, OTHER).engine_identity == OTHER
     with pytest.raises(TemplateNotFoundError, match="no TTFT model for engine"):
         load_ttft_model(registry, IDENT)  # the in-process engine needs its own profile
+
+
+def test_a_regressor_fitted_on_other_inputs_is_refused(frame):
+    # A model published while the mechanics handed the regressor 7 columns (seen in a real
+    # registry): sklearn's own error came at the first prediction, deep in a night's run.
+    derived = EngineMechanics().fit_transform(model_inputs(frame))
+    hgb = HistGradientBoostingRegressor(max_iter=5).fit(derived[:, :-1], frame["ttft_ms"])
+    files = TTFTModel(estimator=with_mechanics(hgb), kind="hgb", name="hgb", engine_identity=IDENT).to_files()
+    with pytest.raises(IntegrityError, match=r"model.json: estimator: the hgb regressor takes 7 inputs, .* hands it 8 .*promptdistill ttft fit"):
+        TTFTModel.from_files(files)

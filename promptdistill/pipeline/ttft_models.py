@@ -15,6 +15,7 @@ there; ``promptdistill optimize`` and the nightly load from there.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from promptdistill.core.errors import PromptDistillError, TemplateNotFoundError
+from promptdistill.core.errors import IntegrityError, PromptDistillError, TemplateNotFoundError
 from promptdistill.core.jsonio import atomic_write, json_safe
 from promptdistill.engine.base import EngineIdentity
 from promptdistill.registry.store import Registry
@@ -74,6 +75,12 @@ def ttft_status(
         record = registry.get_artifact(TTFT_ARTIFACT_KIND, key)
     except TemplateNotFoundError:
         return TTFTStatus(key, True, f"no TTFT model for engine {key} ({identity.model}, {identity.backend})")
+    try:
+        _read_model(registry, record)
+    except IntegrityError as e:
+        usable = _newest_usable(registry, key, below=record.version)
+        return TTFTStatus(key, True, f"TTFT model {record.version} cannot be used ({e})",
+                          version=usable[0].version if usable else None)
     meta = record.metadata
     fitted_at = meta.get("fitted_at") or record.created_at
     now = now or datetime.now(timezone.utc)
@@ -129,8 +136,13 @@ def ttft_figure(registry: Registry, engine_key: str, model_version: str, name: s
 def load_ttft_model(registry: Registry, identity: EngineIdentity, *, version: int | None = None) -> TTFTModel:
     """The newest (or a given) TTFT model fitted on this engine identity.
 
+    A newest model this code cannot load (fitted by another promptdistill, or damaged)
+    gives way to the newest one that loads, with a warning; ``ttft_status`` reports it as
+    needing a refresh.
+
     Raises:
         TemplateNotFoundError: no model for this engine; run the ``profile-ttft`` flow.
+        IntegrityError: no version of it loads (the message says why and how to refit).
     """
     key = identity.key()
     try:
@@ -141,10 +153,34 @@ def load_ttft_model(registry: Registry, identity: EngineIdentity, *, version: in
             "run the profile-ttft flow (`prefect deployment run 'profile-ttft/profile-ttft'`) or "
             "`promptdistill ttft profile` then `promptdistill ttft fit`"
         ) from None
-    source = f"{registry.root}/{TTFT_ARTIFACT_KIND}/{key}:{record.version}"
-    model = TTFTModel.from_files(registry.read_artifact_files(record), source=source)
+    try:
+        model = _read_model(registry, record)
+    except IntegrityError as e:
+        # A newest model this code cannot use (fitted by another version, or damaged): the
+        # last good one still predicts; asked for a version, there is no other answer.
+        fallback = None if version is not None else _newest_usable(registry, key, below=record.version)
+        if fallback is None:
+            raise
+        warnings.warn(f"{e}; using TTFT model {fallback[0].version} of engine {key}", UserWarning, stacklevel=2)
+        record, model = fallback
     model.check_engine(identity)
     return model
+
+
+def _read_model(registry: Registry, record: Any) -> TTFTModel:
+    source = f"{registry.root}/{TTFT_ARTIFACT_KIND}/{record.name}:{record.version}"
+    return TTFTModel.from_files(registry.read_artifact_files(record), source=source)
+
+
+def _newest_usable(registry: Registry, key: str, *, below: int) -> tuple[Any, TTFTModel] | None:
+    """The newest model version under ``below`` that loads, with its record (None: none does)."""
+    for version in sorted((v for v in registry.artifact_versions(TTFT_ARTIFACT_KIND, key) if v < below), reverse=True):
+        record = registry.get_artifact(TTFT_ARTIFACT_KIND, key, version=version)
+        try:
+            return record, _read_model(registry, record)
+        except IntegrityError:
+            continue
+    return None
 
 
 def fit_ttft_model(frame: Any, *, seed: int = 0, source: str = "", keep_contended: bool = False) -> tuple[Any, Any, Any]:

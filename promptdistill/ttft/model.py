@@ -42,6 +42,7 @@ from promptdistill.core.jsonio import canonical_json, json_safe
 from promptdistill.engine.base import EngineIdentity
 from promptdistill.ttft.estimators import (
     BASE_FEATURES,
+    DERIVED_FEATURES,
     MODEL_FEATURES,
     MonomialRegressor,
     with_mechanics,
@@ -334,6 +335,16 @@ class TTFTModel:
                 estimator.steps[0][1].fit(np.zeros((1, len(MODEL_FEATURES))))  # stateless: fitting checks the sizes
             except (KeyError, TypeError, ValueError) as e:
                 raise IntegrityError(f"{source}/{_JSON}: mechanics: {e}") from None
+        # The stored regressor must take what the current code hands it: a model fitted
+        # while its inputs were different would fail (or mislead) at the first prediction.
+        expected = len(DERIVED_FEATURES) if version >= 2 else len(features)
+        width = getattr(_regressor(estimator), "n_features_in_", expected)
+        if width != expected:
+            raise IntegrityError(
+                f"{source}/{_JSON}: estimator: the {kind} regressor takes {width} inputs, this promptdistill "
+                f"hands it {expected} ({', '.join(DERIVED_FEATURES if version >= 2 else features)}): it was "
+                "fitted by another version; refit it (`promptdistill ttft fit`)"
+            )
         model = cls(
             estimator=estimator,
             kind=kind,
