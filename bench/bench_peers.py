@@ -45,6 +45,8 @@ Usage:
     python -m bench.bench_peers [invoice_extraction ticket_triage ...] [--budget quick]
         [--train 100] [--dev 100] [--test 100] [--peers mipro,gepa,gepa_ttft]
         [--gepa-metric-calls N] [--num-threads 16] [--timing-records 3] [--seed 0]
+    python -m bench.bench_peers --merge run1/peers.json run2/peers.json   # one table from runs
+        # made at different times (each spec keeps its commit); no LM call
 """
 
 from __future__ import annotations
@@ -62,11 +64,12 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from bench.common import setup, write_report
+from bench.common import REPORT_DIR, commit, setup, write_report
 
 setup()
 
 from promptdistill.core.config import load_settings  # noqa: E402 - after the process defaults
+from promptdistill.core.jsonio import atomic_write, write_json  # noqa: E402
 from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult  # noqa: E402
 
 DEFAULT_SPECS = ("invoice_extraction", "ticket_triage", "word_problems")
@@ -815,7 +818,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
     lines = ["# Ours against DSPy MIPROv2 and GEPA (auto=light): same engine, records and metric", "", intro, ""]
     for name, r in rows.items():
         sp = r["split"]
-        lines += [f"## {name} (train {sp['train']}, dev {sp['dev']}, test {sp['test']}; {r['minutes']:.1f} min)", "",
+        measured = f"; commit {r['commit']}, {r['timestamp']}" if r.get("commit") else ""
+        lines += [f"## {name} (train {sp['train']}, dev {sp['dev']}, test {sp['test']}; {r['minutes']:.1f} min{measured})", "",
                   ("| side | test quality, template [95% CI] | DSPy program score [95% CI] | LM calls | tokens processed "
                    "(prompt + completion) | minutes | prompt tokens | instruction tokens | TTFT cold ms | TTFT warm ms |"),
                   "|---|---|---|---|---|---|---|---|---|---|"]
@@ -886,6 +890,50 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
     return "\n".join(lines)
 
 
+MERGE_KEYS = ("budget", "train", "dev", "test", "peers", "gepa_metric_calls", "num_threads", "max_bootstrapped_demos",
+              "max_labeled_demos", "proposer_max_tokens", "timing_records", "seed", "mipro_auto", "gepa_auto",
+              "dspy_version", "adapter")
+"""What must agree for two runs' specs to share one table (the TTFT model may differ: it is
+refitted as the engine's profile grows, and each spec records its own)."""
+
+
+def merge_reports(paths: list[Path]) -> dict[str, Any]:
+    """One report from the JSON reports of separate runs (each measured at its own commit).
+
+    Every spec keeps the commit, time and TTFT model it was measured with; a later report's
+    spec replaces an earlier one's.
+
+    Raises:
+        SystemExit: a report is unreadable, or the runs differ in engine or settings
+            (named: the file and the field).
+    """
+    reports = []
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            report["specs"], report["config"], report["identity"]  # noqa: B018 - the fields a merge needs
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"{path}: not a bench_peers report ({type(e).__name__}: {e})") from None
+        reports.append((Path(path), report))
+    first_path, first = reports[0]
+    rows: dict[str, Any] = {}
+    for path, report in reports:
+        if report["identity"] != first["identity"]:
+            raise SystemExit(f"{path}: identity: measured on {report['identity']}, {first_path} on {first['identity']}")
+        for key in MERGE_KEYS:
+            if report["config"].get(key) != first["config"].get(key):
+                raise SystemExit(f"{path}: config.{key}: {report['config'].get(key)!r}, "
+                                 f"{first_path} has {first['config'].get(key)!r}")
+        for name, row in report["specs"].items():
+            rows[name] = {**row, "commit": report["commit"], "timestamp": report["timestamp"],
+                          "ttft_model": report["config"].get("ttft_model")}
+    config = {**first["config"], "ttft_model": {name: r["ttft_model"] for name, r in rows.items()}}
+    total = sum(r["minutes"] for r in rows.values())
+    return {"benchmark": "peers", "merged_from": [str(p) for p, _ in reports],
+            "commits": sorted({r["commit"] for r in rows.values()}), "machine": first["machine"],
+            "config": config, "identity": first["identity"], "total_minutes": round(total, 2), "specs": rows}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("specs", nargs="*", default=list(DEFAULT_SPECS))
@@ -906,7 +954,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--timing-records", type=int, default=3, help="test records timed cold and warm per template")
     p.add_argument("--prompts-dir", default="prompts")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--merge", nargs="+", type=Path, metavar="REPORT_JSON",
+                   help="join the JSON reports of separate runs into one report (no LM call); specs are ignored")
     args = p.parse_args(argv)
+    if args.merge:
+        merged = merge_reports(args.merge)
+        path = write_json(REPORT_DIR / "peers.json", merged)
+        atomic_write(REPORT_DIR / "peers.md", markdown(merged["specs"], merged["config"], merged["total_minutes"]))
+        print(f"{len(merged['specs'])} specs from {len(args.merge)} reports -> {path} and peers.md", flush=True)
+        return merged
     args.peers = [k.strip() for k in args.peers.split(",") if k.strip()]
     unknown = [k for k in args.peers if k not in PEERS]
     if unknown:
@@ -946,6 +1002,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "gepa_objectives": why, "gepa_objectives_supported": supported,
                    "skipped": {"summarize": "judge-scored: the peers' metric would be our own judge on the 135M "
                                             "model, so the comparison would measure the judge, not the optimizers"}})
+    stamp = {"commit": commit(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    rows = {name: {**row, **stamp} for name, row in rows.items()}
     result = {"config": config, "identity": identity, "total_minutes": round(total, 2), "specs": rows}
     write_report("peers", result, markdown(rows, config, total))
     return result

@@ -221,3 +221,34 @@ def test_bench_peers(tmp_path, ttft_registry):
         assert isinstance(c["goal"]["met"], bool)
         assert all(v is None or isinstance(v, bool) for v in c["goal"].values())
     assert "| ticket_triage | mipro |" in (tmp_path / "bench" / "peers.md").read_text()
+    assert r["commit"] == report["commit"] and r["timestamp"]
+
+    # Runs made apart join into one table, each spec under the commit it was measured at.
+    earlier = json.loads((tmp_path / "bench" / "peers.json").read_text())
+    earlier["commit"], earlier["specs"] = "abc1234", {"word_problems": {**r, "commit": "stale"}}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    run_bench("bench.bench_peers", "--merge", str(tmp_path / "earlier.json"), str(tmp_path / "bench" / "peers.json"),
+              tmp_path=tmp_path)
+    merged = json.loads((tmp_path / "bench" / "peers.json").read_text())
+    assert list(merged["specs"]) == ["word_problems", "ticket_triage"]
+    assert merged["specs"]["word_problems"]["commit"] == "abc1234" and merged["commits"] == sorted({"abc1234", r["commit"]})
+    text = (tmp_path / "bench" / "peers.md").read_text()
+    assert "commit abc1234" in text and f"commit {r['commit']}" in text and "| word_problems | gepa |" in text
+
+
+def test_peers_reports_of_other_settings_do_not_merge(tmp_path):
+    from bench.bench_peers import merge_reports
+
+    def report(path: Path, **config: Any) -> Path:
+        body = {"commit": "abc1234", "timestamp": "t", "machine": {}, "identity": {"model": "m"},
+                "config": {"budget": "quick", "peers": ["mipro"], **config}, "specs": {"s": {"minutes": 1.0}}}
+        path.write_text(json.dumps(body))
+        return path
+
+    a, b = report(tmp_path / "a.json"), report(tmp_path / "b.json", budget="full")
+    with pytest.raises(SystemExit, match=r"b.json: config.budget: 'full', .*a.json has 'quick'"):
+        merge_reports([a, b])
+    (tmp_path / "c.json").write_text("{")
+    with pytest.raises(SystemExit, match=r"c.json: not a bench_peers report"):
+        merge_reports([a, tmp_path / "c.json"])
+    assert merge_reports([a, a])["specs"]["s"]["commit"] == "abc1234"
