@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from bench.common import bundled_specs, setup, write_report
+from bench.common import bundled_specs, progress, setup, write_report
 
 setup()
 
@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
         with prefect_server(root / "prefect") as api:
             os.environ.update({"PROMPTDISTILL_BACKEND": "server", "PROMPTDISTILL_SERVED_MODEL_NAME": SERVED,
                                "PROMPTDISTILL_REGISTRY": str(root / "registry"), "PREFECT_API_URL": api})
-            print(f"one endpoint, {len(specs)} specs ({args.budget}) ...", flush=True)
+            progress(f"one endpoint, {len(specs)} specs ({args.budget}) ...")
             one = night(servers[:1], root, "one", specs, params)
-            print(f"  {one['specs_per_hour']} specs/h; two endpoints ...", flush=True)
+            progress(f"{one['specs_per_hour']} specs/h; two endpoints ...")
             two = night(servers, root, "two", specs, params)
             drain_prefect()  # while its server runs: at exit Prefect would retry a stopped one for minutes
     finally:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import bundled_specs, setup, write_report
+from bench.common import bundled_specs, progress, setup, write_report
 
 setup()
 
@@ -45,10 +45,10 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
     started = time.monotonic()
     distilled = None
     if distill_first:
-        print(f"[{name}] distill", flush=True)
+        progress(f"[{name}] distill")
         distilled = distill_stage(engine, job, config=preset["distill"], seed=seed,
                                   out_dir=state / "bench" / "distill" / name, cache_path=cache)
-    print(f"[{name}] optimize", flush=True)
+    progress(f"[{name}] optimize")
     result = optimize_stage(engine, job, ttft_model=model, budget=preset["budget"],
                             selection=preset.get("selection", SelectionRule()),
                             seed=seed, distilled=distilled, out_dir=state / "bench" / "optimize" / name,
@@ -73,7 +73,7 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
             row[f"{who}_{key}"] = figs.get(key)
     row["test_diff_mean"], row["test_diff_ci"] = w.get("test_diff_mean"), [w.get("test_diff_ci_low"),
                                                                            w.get("test_diff_ci_high")]
-    print(f"[{name}] {row['winner']}: {row['reason']}", flush=True)
+    progress(f"[{name}] {row['winner']}: {row['reason']}")
     return row
 
 

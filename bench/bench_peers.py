@@ -64,7 +64,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from bench.common import REPORT_DIR, commit, setup, write_report
+from bench.common import REPORT_DIR, commit, progress, setup, write_report
 
 setup()
 
@@ -653,21 +653,21 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
     sub = load_spec(Path(job.path))
     test = split["test"]
     block = prefix_block_tokens(engine)
-    print(f"\n===== {name}: train {sizes['train']}, dev {sizes['dev']}, test {sizes['test']}", flush=True)
+    progress(f"{name}: train {sizes['train']}, dev {sizes['dev']}, test {sizes['test']}")
     started = time.monotonic()
 
-    print(f"[{name}] ours: distill then optimize ({args.budget} preset)", flush=True)
+    progress(f"[{name}] ours: distill then optimize ({args.budget} preset)")
     ours, result = run_ours(engine, model, job, sized_preset(args.budget, sizes["dev"], sizes["test"]), args.seed,
                             folder / "ours")
     sides: dict[str, dict[str, Any]] = {"ours": {**ours, "content": result["content"]}}
-    print(f"[{name}] ours: {ours['winner']} ({ours['reason'][:160]}); {ours['lm_calls']} LM calls, "
-          f"{ours['tokens_processed']} tokens, {ours['minutes']:.1f} min", flush=True)
+    progress(f"[{name}] ours: {ours['winner']} ({ours['reason'][:160]}); {ours['lm_calls']} LM calls, "
+             f"{ours['tokens_processed']} tokens, {ours['minutes']:.1f} min")
     for kind in args.peers:
-        print(f"[{name}] {kind}: compile", flush=True)
+        progress(f"[{name}] {kind}: compile")
         sides[kind] = run_peer(kind, engine, model, sub, split, args, folder, block)
         s = sides[kind]
-        print(f"[{name}] {kind}: {s.get('error') or 'done'}; {s['lm_calls']} LM calls, {s['tokens_processed']} tokens, "
-              f"{s['minutes']:.1f} min; instruction: {str(s.get('instruction'))[:200]!r}", flush=True)
+        progress(f"[{name}] {kind}: {s.get('error') or 'done'}; {s['lm_calls']} LM calls, {s['tokens_processed']} tokens, "
+                 f"{s['minutes']:.1f} min; instruction: {str(s.get('instruction'))[:200]!r}")
 
     # Every template scored on test the same way; ours through its own LM cache (the
     # optimizer verified this very template on these records: the same requests).
@@ -680,7 +680,7 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
         ours_lm.close()
 
     # Then every template timed, one after the other, by the optimizer's own function.
-    print(f"[{name}] timing every template ({args.timing_records} test records, cold and warm)", flush=True)
+    progress(f"[{name}] timing every template ({args.timing_records} test records, cold and warm)")
     first = sides["ours"]["content"]
     engine.generate([GenerationRequest(messages=render_messages(first["system"], first["user"], test[0]["inputs"]),
                                        max_tokens=1)])  # discarded: the first timing after a pause runs slow
@@ -971,7 +971,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--train must be at least 1, --dev and --test at least 2")
     supported, why = gepa_objectives_supported()
     if "gepa_ttft" in args.peers and not supported:
-        print(f"gepa_ttft skipped: {why}", flush=True)
+        progress(f"gepa_ttft skipped: {why}")
         args.peers.remove("gepa_ttft")
 
     import dspy

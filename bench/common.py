@@ -17,6 +17,13 @@ from promptdistill.engine.base import hardware_fingerprint
 from promptdistill.pipeline.jobs import select_spec_files
 
 REPORT_DIR = Path(os.environ.get("PROMPTDISTILL_BENCH_DIR", "artifacts/bench"))
+PROGRESS_MARK = "» "
+"""Starts the lines ``make bench`` shows on the terminal (the rest goes to its log)."""
+
+
+def progress(message: str) -> None:
+    """A line for the person waiting on a benchmark (``make bench`` shows only these)."""
+    print(f"{PROGRESS_MARK}{message}", flush=True)
 
 
 def setup() -> None:
@@ -72,4 +79,5 @@ def write_report(name: str, result: dict[str, Any], markdown: str | None = None)
     if markdown:
         atomic_write(REPORT_DIR / f"{name}.md", markdown)
     print(json.dumps(result, indent=2, default=str))
+    progress(f"report: {path}" + (f" and {path.with_suffix('.md').name}" if markdown else ""))
     return path

@@ -252,3 +252,18 @@ def test_peers_reports_of_other_settings_do_not_merge(tmp_path):
     with pytest.raises(SystemExit, match=r"c.json: not a bench_peers report"):
         merge_reports([a, tmp_path / "c.json"])
     assert merge_reports([a, a])["specs"]["s"]["commit"] == "abc1234"
+
+
+def test_make_bench_shows_progress_and_logs_the_rest(tmp_path, capsys):
+    from bench.run_all import run
+
+    script = ("import sys; print('FutureWarning: third-party noise'); print('» [spec] ours: done', flush=True); "
+              "print('C++ line', file=sys.stderr); sys.exit(3)")
+    log = tmp_path / "logs" / "fake.log"
+    assert run([sys.executable, "-c", script], log, verbose=False) == 3
+    out, err = capsys.readouterr()
+    assert out == "  [spec] ours: done\n"  # only our progress line on the terminal
+    assert "FutureWarning" in err and "C++ line" in err and str(log) in err  # a failure shows the log's tail
+    assert log.read_text().splitlines() == ["FutureWarning: third-party noise", "» [spec] ours: done", "C++ line"]
+    assert run([sys.executable, "-c", "print('all of it')"], log, verbose=True) == 0
+    assert capsys.readouterr().out == "all of it\n"
