@@ -718,6 +718,9 @@ def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
     def known(*values: Any) -> bool:
         return all(v is not None for v in values)
 
+    if peer.get("error"):  # a peer that failed part-way has no result to measure against
+        return {"quality": None, "prompt_tokens": None, "ttft_cold": None, "tokens_processed": None, "met": False}
+
     q, pq, low = ours.get("test_mean"), peer.get("test_mean"), peer.get("test_ci_low")
     checks = {
         "quality": (q >= pq or q >= low) if known(q, pq, low) else None,
@@ -828,7 +831,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                             if s.get("prompt_tokens_processed") is not None else "")
             engine_note = (f"; {s['engine_tokens_processed']} reached the engine"
                            if side == "ours" and s.get("engine_tokens_processed") is not None else "")
-            err = f" (failed: {s['error'][:80]})" if s.get("error") else ""
+            err = f" (failed: {s['error'].splitlines()[0][:80]})" if s.get("error") else ""
             lines.append(
                 f"| {side}{err} | {_ci(s)} | {_ci(s, 'program_test_')} | {s.get('lm_calls')} | "
                 f"{s.get('tokens_processed')} ({split_tokens}{engine_note}) | {_f(s.get('minutes'), '.1f')} | "
@@ -861,7 +864,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                          f"{_mark(g['prompt_tokens'])} ({_f(c['prompt_tokens_ours_over_peer'], '.2f')}x) | "
                          f"{_mark(g['ttft_cold'])} ({_f(c['ttft_cold_ms_ours_over_peer'], '.2f')}x) | "
                          f"{_mark(g['tokens_processed'])} ({_f(c['tokens_processed_ours_over_peer'], '.2f')}x) | "
-                         f"{_mark(g['met'])} |")
+                         f"{'peer failed' if r['sides'][kind].get('error') else _mark(g['met'])} |")
     lines += ["", "## Where we fall short, and why", ""]
     lines += [line for name, r in rows.items() for line in shortfalls(name, r, peers)] or ["Nowhere.", ""]
     lines += ["", "## Where our tokens go (requests that reached the engine, by phase)", "",
@@ -882,7 +885,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
             s = r["sides"][kind]
             extra = f", {s['examples']} demos" if s.get("examples") else ""
             if s.get("error"):
-                lines += [f"**{name} / {kind}**: failed: `{s['error']}`", ""]
+                lines += [f"**{name} / {kind}**: failed after {s.get('lm_calls')} LM calls:", "", "```text",
+                          str(s["error"]).strip(), "```", ""]
                 continue
             lines += [f"**{name} / {kind}** ({s.get('instruction_tokens')} tokens{extra}):", "", "```text",
                       str(s.get("instruction")).strip(), "```", ""]
@@ -925,6 +929,9 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
                 raise SystemExit(f"{path}: config.{key}: {report['config'].get(key)!r}, "
                                  f"{first_path} has {first['config'].get(key)!r}")
         for name, row in report["specs"].items():
+            # The goal is a function of the sides: recomputed, so every spec meets today's rule.
+            for kind, c in row["comparisons"].items():
+                c["goal"] = goal(row["sides"]["ours"], row["sides"][kind])
             rows[name] = {**row, "commit": report["commit"], "timestamp": report["timestamp"],
                           "ttft_model": report["config"].get("ttft_model")}
     config = {**first["config"], "ttft_model": {name: r["ttft_model"] for name, r in rows.items()}}

@@ -241,7 +241,7 @@ def test_peers_reports_of_other_settings_do_not_merge(tmp_path):
 
     def report(path: Path, **config: Any) -> Path:
         body = {"commit": "abc1234", "timestamp": "t", "machine": {}, "identity": {"model": "m"},
-                "config": {"budget": "quick", "peers": ["mipro"], **config}, "specs": {"s": {"minutes": 1.0}}}
+                "config": {"budget": "quick", "peers": ["mipro"], **config}, "specs": {"s": {"minutes": 1.0, "sides": {"ours": {}}, "comparisons": {}}}}
         path.write_text(json.dumps(body))
         return path
 
@@ -267,3 +267,15 @@ def test_make_bench_shows_progress_and_logs_the_rest(tmp_path, capsys):
     assert log.read_text().splitlines() == ["FutureWarning: third-party noise", "» [spec] ours: done", "C++ line"]
     assert run([sys.executable, "-c", "print('all of it')"], log, verbose=True) == 0
     assert capsys.readouterr().out == "all of it\n"
+
+
+def test_a_failed_peer_is_not_measured_against():
+    from bench.bench_peers import goal
+
+    ours = {"test_mean": 0.4, "prompt_tokens": 500, "ttft_cold_ms": 300.0, "tokens_processed": 400_000}
+    peer = {"test_mean": 0.3, "test_ci_low": 0.2, "prompt_tokens": 400, "ttft_cold_ms": 250.0, "tokens_processed": 100_000}
+    assert goal(ours, peer) == {"quality": True, "prompt_tokens": False, "ttft_cold": False,
+                                "tokens_processed": False, "met": False}
+    failed = {"error": "AdapterParseError: empty response", "tokens_processed": 120_000}
+    assert goal(ours, failed) == {"quality": None, "prompt_tokens": None, "ttft_cold": None,
+                                  "tokens_processed": None, "met": False}
