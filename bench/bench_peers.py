@@ -915,9 +915,12 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
     for path in paths:
         try:
             report = json.loads(Path(path).read_text())
-            report["specs"], report["config"], report["identity"]  # noqa: B018 - the fields a merge needs
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError) as e:
             raise SystemExit(f"{path}: not a bench_peers report ({type(e).__name__}: {e})") from None
+        missing = [k for k in ("specs", "config", "identity", "commit", "timestamp")
+                   if not isinstance(report, dict) or k not in report]
+        if missing:
+            raise SystemExit(f"{path}: not a bench_peers report (no {', '.join(missing)})")
         reports.append((Path(path), report))
     first_path, first = reports[0]
     rows: dict[str, Any] = {}

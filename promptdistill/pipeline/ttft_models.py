@@ -162,7 +162,7 @@ def load_ttft_model(registry: Registry, identity: EngineIdentity, *, version: in
         if fallback is None:
             raise
         warnings.warn(f"{e}; using TTFT model {fallback[0].version} of engine {key}", UserWarning, stacklevel=2)
-        record, model = fallback
+        model = fallback[1]
     model.check_engine(identity)
     return model
 

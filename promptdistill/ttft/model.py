@@ -337,12 +337,12 @@ class TTFTModel:
                 raise IntegrityError(f"{source}/{_JSON}: mechanics: {e}") from None
         # The stored regressor must take what the current code hands it: a model fitted
         # while its inputs were different would fail (or mislead) at the first prediction.
-        expected = len(DERIVED_FEATURES) if version >= 2 else len(features)
-        width = getattr(_regressor(estimator), "n_features_in_", expected)
-        if width != expected:
+        inputs = DERIVED_FEATURES if version >= 2 else features
+        width = getattr(_regressor(estimator), "n_features_in_", len(inputs))
+        if width != len(inputs):
             raise IntegrityError(
                 f"{source}/{_JSON}: estimator: the {kind} regressor takes {width} inputs, this promptdistill "
-                f"hands it {expected} ({', '.join(DERIVED_FEATURES if version >= 2 else features)}): it was "
+                f"hands it {len(inputs)} ({', '.join(inputs)}): it was "
                 "fitted by another version; refit it (`promptdistill ttft fit`)"
             )
         model = cls(
