@@ -26,8 +26,8 @@ warning is logged, and the store is asked again ``ttl_s`` after the failure was 
 An unknown name, label or version from a store that holds a registry is always an
 error, never another version instead.
 
-Input values are checked for chat special-token strings (``<|im_end|>``,
-``[INST]``, ...) before rendering: see ``DEFAULT_SPECIAL_TOKENS``.
+What input values put into the rendered user message is checked for chat special-token
+strings (``<|im_end|>``, ``[INST]``, ...): see ``DEFAULT_SPECIAL_TOKENS``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from promptdistill.core.errors import (
 from promptdistill.registry.backend import StoreUnavailableError
 from promptdistill.registry.records import VersionRecord, parse_ref
 from promptdistill.registry.store import Registry
-from promptdistill.specs.render import placeholders, render_messages
+from promptdistill.specs.render import placeholders, render_messages, render_text_spans, value_text
 from promptdistill.specs.schema_from import request_schema
 
 __all__ = ["DEFAULT_SPECIAL_TOKENS", "SpecialTokenError", "StoreUnavailableError", "Template", "Templates"]
@@ -87,8 +87,15 @@ _POLICIES = ("escape", "reject", "keep")
 class _Markers:
     """The special-token policy: find the strings, then escape them, refuse them, or keep them.
 
-    Escaping inserts a zero-width space after the first character (``<\u200b|im_end|>``):
-    the model reads nearly the same text, and no tokenizer matches it as a special token.
+    The check runs on the rendered user message, not value by value, so two values that
+    join into a marker (``{a}{b}`` with ``<|im_`` and ``end|>``) are caught, and on the
+    text actually inserted (``str()`` of each value, as ``render_text`` inserts it). A
+    marker that lies wholly in the template's own text is the template author's and is
+    left alone; one that an inserted value is part of is escaped or refused.
+
+    Escaping inserts a zero-width space after the marker's first character
+    (``<\u200b|im_end|>``): the model reads nearly the same text, and no tokenizer matches it
+    as a special token.
     """
 
     __slots__ = ("policy", "pattern")
@@ -97,30 +104,51 @@ class _Markers:
         if policy not in _POLICIES:
             raise ValueError(f"on_special_tokens must be one of {_POLICIES}, got {policy!r}")
         tokens = [t for t in tokens if isinstance(t, str) and t]
+        for t in tokens:
+            if _ZWSP in t:
+                raise ValueError(f"special_tokens: {t!r} holds a zero-width space, the character escaping inserts")
         self.policy = policy
         alternatives = [re.escape(t) for t in sorted(set(tokens), key=len, reverse=True)] + [_SHAPES]
         self.pattern = re.compile("|".join(alternatives))
 
-    def apply(self, values: Mapping[str, Any], ref: str) -> Mapping[str, Any]:
-        if self.policy == "keep":
-            return values
-        out: dict[str, Any] | None = None
-        for name, value in values.items():
-            # The same text render_text would insert (objects as JSON, others as str).
-            text = value if type(value) is str else (
-                json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value))
-            m = self.pattern.search(text)
-            if m is None:
+    def render(self, system: str, user: str, values: Mapping[str, Any], ref: str) -> list[dict[str, str]]:
+        """``render_messages`` with the policy applied to what the values put into the user message."""
+        texts = {name: value_text(value) for name, value in values.items()}
+        messages = render_messages(system, user, texts)
+        if self.policy == "keep" or self.pattern.search(messages[-1]["content"]) is None:
+            return messages
+        content, spans = render_text_spans(user, texts)
+        messages[-1] = {"role": "user", "content": self._apply(content, spans, ref)}
+        return messages
+
+    def _apply(self, content: str, spans: list[tuple[str, int, int]], ref: str) -> str:
+        at = 0
+        while (m := self.pattern.search(content, at)) is not None:
+            start, end = m.span()
+            # A value is part of the marker if it overlaps it, or is an empty value inside it.
+            names = [n for n, s, e in spans if (s < end and e > start) or (s == e and start < s < end)]
+            if not names:  # wholly the template's own text
+                at = start + 1
                 continue
             if self.policy == "reject":
-                raise SpecialTokenError(
-                    f"{ref}: input {name!r}: holds the special-token string {m.group(0)!r} at char {m.start()}; "
-                    "the policy is 'reject' (use on_special_tokens='escape' to neutralise it)"
-                )
-            if out is None:
-                out = dict(values)
-            out[name] = self.pattern.sub(lambda t: t.group(0)[0] + _ZWSP + t.group(0)[1:], text)
-        return values if out is None else out
+                raise SpecialTokenError(_marker_problem(ref, m, spans, names))
+            content = content[:start + 1] + _ZWSP + content[start + 1:]
+            # The inserted space counts as value text, so it never makes a marker the template's.
+            spans = [(n, s + (s > start), e + (e > start)) for n, s, e in spans] + [(names[0], start + 1, start + 2)]
+            at = start  # the next marker may start here, or overlap the one just broken
+        return content
+
+
+def _marker_problem(ref: str, m: re.Match[str], spans: list[tuple[str, int, int]], names: list[str]) -> str:
+    start, end = m.span()
+    inside = [(n, s) for n, s, e in spans if s <= start and end <= e]
+    if inside:
+        where = f"input {inside[0][0]!r}: holds the special-token string {m.group(0)!r} at char {start - inside[0][1]}"
+    else:
+        joined = ", ".join(repr(n) for n in dict.fromkeys(names))
+        where = (f"input(s) {joined}: form the special-token string {m.group(0)!r} with the text next to them "
+                 f"(at char {start} of the user message)")
+    return f"{ref}: {where}; the policy is 'reject' (use on_special_tokens='escape' to neutralise it)"
 
 
 _DEFAULT_MARKERS = _Markers(DEFAULT_SPECIAL_TOKENS, "escape")
@@ -210,7 +238,7 @@ class Template:
             unknown = sorted(keys - self._declared)
             problem = f"missing input(s) {missing}" if missing else f"unknown input(s) {unknown}"
             raise TypeError(f"{self.ref}: {problem}; the template takes {list(self.inputs)}")
-        return render_messages(self._system, self._user, self._markers.apply(values, self.ref))
+        return self._markers.render(self._system, self._user, values, self.ref)
 
     @property
     def response_format(self) -> dict[str, Any] | None:

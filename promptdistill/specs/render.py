@@ -21,7 +21,8 @@ import json
 import re
 from typing import Any, Iterable, Mapping
 
-__all__ = ["TemplateSyntaxError", "check_template", "mask_escapes", "placeholders", "render_messages", "render_text"]
+__all__ = ["TemplateSyntaxError", "check_template", "mask_escapes", "placeholders", "render_messages", "render_text",
+           "render_text_spans", "value_text"]
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
 
@@ -57,12 +58,19 @@ def check_template(template: str, declared: Iterable[str], *, where: str = "temp
             )
 
 
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
+def value_text(value: Any) -> str:
+    """The text a value is inserted as: a ``str`` as is, a dict or list as JSON, anything
+    else (a ``str`` subclass too) as its ``str()``, always a plain ``str``.
+
+    A ``str`` subclass is converted with ``str()`` like any other object, so the text
+    inserted is the text a caller checking ``str(value)`` saw.
+    """
+    if type(value) is str:
         return value
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False)
-    return str(value)
+    # str() may return a str subclass; str.__str__ makes it a plain str of the same characters.
+    return str.__str__(str(value))
 
 
 def render_text(template: str, values: Mapping[str, Any]) -> str:
@@ -83,9 +91,47 @@ def render_text(template: str, values: Mapping[str, Any]) -> str:
             raise TemplateSyntaxError(f"stray {tok!r} at char {m.start()} in template")
         if name not in values:
             raise KeyError(f"missing input {name!r}; the template needs {placeholders(template)}")
-        return _as_text(values[name])
+        return value_text(values[name])
 
     return _TOKEN.sub(fill, template)
+
+
+def render_text_spans(template: str, values: Mapping[str, Any]) -> tuple[str, list[tuple[str, int, int]]]:
+    """``render_text``, plus where each inserted value lies in the result.
+
+    Returns:
+        The rendered text and one ``(name, start, end)`` per placeholder occurrence, in
+        order (an empty value gives ``start == end``). Everything outside these spans is the
+        template's own text.
+
+    Example:
+        >>> render_text_spans("A {a}{b}!", {"a": "x", "b": ""})
+        ('A x!', [('a', 2, 3), ('b', 3, 3)])
+    """
+    parts: list[str] = []
+    spans: list[tuple[str, int, int]] = []
+    at = last = 0
+    for m in _TOKEN.finditer(template):
+        static = template[last:m.start()]
+        parts.append(static)
+        at += len(static)
+        last = m.end()
+        tok = m.group(0)
+        if tok in ("{{", "}}"):
+            parts.append(tok[0])
+            at += 1
+            continue
+        name = m.group(1)
+        if name is None:
+            raise TemplateSyntaxError(f"stray {tok!r} at char {m.start()} in template")
+        if name not in values:
+            raise KeyError(f"missing input {name!r}; the template needs {placeholders(template)}")
+        text = value_text(values[name])
+        parts.append(text)
+        spans.append((name, at, at + len(text)))
+        at += len(text)
+    parts.append(template[last:])
+    return "".join(parts), spans
 
 
 def render_messages(system: str, user: str, inputs: Mapping[str, Any]) -> list[dict[str, str]]:
