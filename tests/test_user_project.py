@@ -202,6 +202,72 @@ def test_init_writes_a_minimal_project_and_keeps_what_exists(tmp_path, capsys):
     assert "kept" in capsys.readouterr().err
 
 
+def test_init_quotes_the_folder_name_in_prefect_yaml(tmp_path):
+    from promptdistill.cli import main
+
+    name = 'team: "search" it\'s #1'
+    root = tmp_path / name
+    assert main(["init", str(root)]) == 0
+    config = yaml.safe_load((root / "prefect.yaml").read_text())
+    assert config["name"] == name
+    assert [d["name"] for d in config["deployments"]] == ["nightly", "optimize-prompt", "profile-ttft"]
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_init_refuses_a_file_in_the_way_and_writes_nothing(tmp_path, capsys):
+    from promptdistill.cli import main
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    assert main(["init", str(a_file)]) == 2
+    assert f"ConfigError: init: {a_file} is a file, so the project folder cannot be created" in capsys.readouterr().err
+    assert main(["init", str(a_file / "proj")]) == 2
+    err = capsys.readouterr().err
+    assert f"init: {a_file}, a parent of the project folder, is a file" in err and "Traceback" not in err
+    assert a_file.read_text() == "mine\n"
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "prompts").write_text("not a folder\n")
+    assert main(["init", str(root)]) == 2
+    assert f"init: {root / 'prompts'} is a file, so folder {root / 'prompts'} cannot be created" in capsys.readouterr().err
+    assert _tree(root) == {"prompts": b"not a folder\n"}  # nothing half-written next to it
+
+    (root / "prompts").unlink()
+    (root / "datasets" / "README.md").mkdir(parents=True)
+    assert main(["init", str(root), "--force"]) == 2
+    assert f"init: {root / 'datasets' / 'README.md'} is a folder, where init writes a file" in capsys.readouterr().err
+    assert _tree(root) == {"datasets": None, "datasets/README.md": None}
+
+
+def test_init_undoes_a_write_that_fails_part_way(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import promptdistill.core.jsonio as jsonio
+    from promptdistill.cli import main
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "promptdistill.toml").write_text("# mine\n")
+    before = _tree(root)
+    real_write, calls = jsonio.atomic_write, []
+
+    def full_disk(path, text, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(jsonio, "atomic_write", full_disk)
+    assert main(["init", str(root), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert f"init: cannot write {calls[2]}: No space left on device; nothing was written" in err
+    assert _tree(root) == before  # the replaced file is back, the new ones and prompts/ are gone
+
+
 def test_datasets_import_maps_columns_splits_by_hashed_id_and_reports_what_it_left_out(tmp_path, capsys):
     import pandas as pd
 
