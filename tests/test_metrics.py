@@ -200,3 +200,108 @@ def test_a_backtracking_pattern_is_bounded_in_scoring_and_validation():
     nested = MetricSpec(kind="exact", pattern="(a+)+b")  # the regex module does not backtrack on this one
     assert score_reply(nested, "a" * 10_000 + "c", "x") == 0.0
     assert score_reply(nested, "aaab", "aaab") == 1.0
+
+
+# --- a record's reference: scoring data the prompt never sees ------------------------------
+
+SENTINEL = "SENTINEL-7f3a-never-rendered"
+
+REFERENCE_METRIC = '''
+def score(reply_text, parsed, expected, inputs, reference=None):
+    """The reply's time must be one the record's reference allows."""
+    return float(isinstance(parsed, dict) and parsed.get("time") in reference["allowed"]["time"])
+'''
+
+
+def _reference_project(tmp_path, metric_source=REFERENCE_METRIC):
+    from test_user_project import make_project
+
+    from promptdistill.search.splits import split_records
+    from promptdistill.specs.load import load_spec
+
+    spec = load_spec(make_project(tmp_path, metric_source=metric_source))
+    splits = split_records(spec, seed=0, screen_size=4, dev_size=20, test_size=12)
+
+    def with_reference(r, allowed):
+        return {**r, "reference": {"allowed": {"time": allowed}, "note": SENTINEL}}
+
+    hour = lambda r: r["inputs"]["request"].rsplit(" ", 1)[-1]  # noqa: E731
+    records = [with_reference(r, [hour(r)] if k % 2 == 0 else ["00:00"]) for k, r in enumerate(splits.screen)]
+    examples = [with_reference(r, [hour(r)]) for r in splits.train[:2]]
+    return spec, records, examples
+
+
+def test_a_python_metric_taking_reference_gets_each_records_reference(tmp_path):
+    from fakes import FakeEngine
+    from test_user_project import reply_from_request
+
+    from promptdistill.evaluate.evaluator import evaluate
+
+    spec, records, examples = _reference_project(tmp_path)
+    report = evaluate(FakeEngine(reply=reply_from_request), spec, records, examples=examples)
+    # Right where the reference allows the hour, wrong where it allows only 00:00.
+    assert report.scores == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_a_four_argument_metric_still_works_when_records_carry_a_reference(tmp_path):
+    from fakes import FakeEngine
+    from test_user_project import METRIC, reply_from_request
+
+    from promptdistill.evaluate.evaluator import evaluate
+
+    spec, records, _ = _reference_project(tmp_path, metric_source=METRIC)
+    assert evaluate(FakeEngine(reply=reply_from_request), spec, records).scores == [1.0] * 4
+    kwargs = MetricSpec(kind="python", function="metrics.calls:score", project_dir=str(tmp_path))
+    (tmp_path / "metrics" / "calls.py").write_text("def score(reply, parsed, expected, inputs, **more):\n"
+                                                   "    return float(more == {'reference': 'r'})\n")
+    assert score_reply(kwargs, "x", None, reference="r") == 1.0
+
+
+def test_a_records_reference_reaches_no_rendered_message(tmp_path):
+    """Rendered with a sentinel reference on every record and every example: the sentinel is
+    in no message the model gets, while the metric did see the reference."""
+    from fakes import FakeEngine
+    from test_user_project import reply_from_request
+
+    from promptdistill.evaluate.evaluator import EvalItem, evaluate
+    from promptdistill.specs.prompt import spec_messages, template_content
+
+    spec, records, examples = _reference_project(tmp_path)
+    seen = []
+
+    def reply(req):
+        seen.append(req)
+        return reply_from_request(req)
+
+    report = evaluate(FakeEngine(reply=reply), spec, records, examples=examples)
+    assert len(seen) == len(records) and report.scores[0] == 1.0
+    messages = [m for req in seen for m in req.chat()]
+    messages += [m for r in records for m in spec_messages(spec, r["inputs"], examples=examples)]
+    messages += [m for req in EvalItem(spec, records, examples).requests(0) for m in req.chat()]
+    assert messages and not [m for m in messages if SENTINEL in m["content"]]
+    assert SENTINEL not in json.dumps(template_content(spec, examples))
+
+
+def test_the_rubric_judge_sees_the_records_reference_and_the_task_model_does_not(tmp_path):
+    from fakes import FakeEngine
+    from test_user_project import reply_from_request
+
+    from promptdistill.evaluate.evaluator import evaluate
+
+    spec, records, _ = _reference_project(tmp_path)
+    spec = spec.with_changes(metric=MetricSpec(kind="judge_rubric", rubric="The time is one the request allows."))
+    task, judge = [], []
+
+    def reply(req):
+        text = " ".join(m["content"] for m in req.chat())
+        if "Score the answer from 1 to 5" in text:
+            judge.append(text)
+            return json.dumps({"score": 5 if SENTINEL in text else 1})
+        task.append(text)
+        return reply_from_request(req)
+
+    labelled = [{**r, "expected": {"time": "07:00"}} for r in records]
+    report = evaluate(FakeEngine(reply=reply), spec, labelled)
+    assert report.scores == [1.0] * 4 and len(judge) == 4
+    assert all("The time is one the request allows." in j for j in judge)
+    assert task and not [t for t in task if SENTINEL in t]

@@ -143,7 +143,7 @@ def test_label_free_records_are_scored_against_the_baselines_reply(tmp_path):
     filled, refs = fill_references(engine, spec, splits)
     assert len(refs) == 32 and engine.calls == 32  # one batch, every label-free record once
     record = filled.screen[0]
-    assert record["reference"] == "baseline" and record["expected"] == json.loads(reply_from_request_for(record))
+    assert record["expected_from"] == "baseline" and record["expected"] == json.loads(reply_from_request_for(record))
     # The metric compares a candidate with the baseline's reply: here a project metric that
     # asks for the same arguments.
     (tmp_path / "metrics" / "calls.py").write_text("def score(reply_text, parsed, expected, inputs):\n"

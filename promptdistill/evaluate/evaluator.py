@@ -9,6 +9,8 @@ Used by the distiller and the optimizer alike, so both measure quality the same 
 * decoding is constrained to ``spec.output_schema`` when ``constrained`` (the default);
 * replies are scored with ``metrics.score_reply``; ``judge_rubric`` specs are scored by
   the ``rubric_score`` judge, whose 1-5 score is mapped to [0, 1] as (score - 1) / 4;
+* a record's ``reference`` (scoring data) goes to the metric and to the judge's rubric,
+  never into the rendered prompt;
 * with ``baseline_replies``, every reply is also compared with the baseline's reply by
   ``answer_equivalence`` (both orders); 1 better, 0.5 as good, 0 worse.
 
@@ -199,7 +201,7 @@ def evaluate_many(engine: Engine, items: Sequence[EvalItem], *, judge_runner: Ju
             spec_name=spec.name,
             record_ids=[str(r["id"]) for r in item.records],
             scores=[score_reply(spec.metric, text, r["expected"], output_schema=schema, inputs=r["inputs"],
-                                record_id=r["id"], where=spec.where)
+                                record_id=r["id"], where=spec.where, reference=r.get("reference"))
                     for text, r, schema in zip(replies, item.records, schemas)],
             replies=replies,
             valid=valid,
@@ -225,12 +227,19 @@ def _input_text(spec: Spec, record: Record) -> str:
     return render_text(spec.user, record["inputs"])
 
 
+def _rubric_text(spec: Spec, record: Record) -> str:
+    """The spec's rubric, and the record's ``reference`` (scoring data the prompt never shows)."""
+    rubric = spec.metric.rubric or spec.description
+    reference = record.get("reference")
+    return rubric if reference is None else f"{rubric}\nFor this input: {_expected_text(reference)}"
+
+
 def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list[EvalReport], which: list[int]) -> None:
     asks, spans = [], []
     for k in which:
         spec, report = items[k].spec, reports[k]
         spans.append((k, len(asks), len(asks) + report.n))
-        asks += [{"task": spec.description, "rubric": spec.metric.rubric or spec.description,
+        asks += [{"task": spec.description, "rubric": _rubric_text(spec, r),
                   "input": _input_text(spec, r), "reference": _expected_text(r["expected"]), "answer": reply}
                  for r, reply in zip(items[k].records, report.replies)]
     if not asks:

@@ -53,7 +53,8 @@ def fill_references(engine: Engine, spec: Spec, splits: Splits, *, seed: int = 0
     refs = {str(r["id"]): _reference(spec, result.text) for r, result in zip(free, results)}
 
     def filled(part: Sequence[Record]) -> list[Record]:
-        return [{**r, "expected": refs[str(r["id"])], "reference": "baseline"} if r.get("expected") is None else r
+        # The record's own ``reference`` (scoring data) is kept; this marks where expected came from.
+        return [{**r, "expected": refs[str(r["id"])], "expected_from": "baseline"} if r.get("expected") is None else r
                 for r in part]
 
     return replace(splits, screen=filled(splits.screen), certify=filled(splits.certify), test=filled(splits.test)), refs

@@ -6,7 +6,9 @@ Each record is a JSON object::
 
 ``split`` is ``train`` (few-shot examples and optimizer search), ``dev`` (optimizer
 scoring) or ``test`` (held-out verification). An optional ``meta`` object may carry
-provenance. Every problem is reported with the file and line:
+provenance. An optional ``reference`` (any JSON value) is scoring data the prompt must
+not see: the allowed alternatives of each argument, a rubric, reference facts. It is never
+rendered; a python metric receives it as ``reference=`` and the rubric judge sees it. Every problem is reported with the file and line:
 ``datasets/x.jsonl:12: inputs.foo: not declared by the spec``.
 
 Lines are strict JSON: ``NaN`` and ``Infinity`` (which Python's parser accepts) are
@@ -25,24 +27,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from promptdistill.core.errors import SpecError
+from promptdistill.core.jsonio import atomic_write
 
 if TYPE_CHECKING:  # the spec model imports the checks that load datasets
     from promptdistill.specs.model import Spec
 
-__all__ = ["MAX_DEPTH", "SPLITS", "dataset_for", "dataset_hash", "load_dataset", "records", "write_records"]
+__all__ = ["MAX_DEPTH", "SPLITS", "dataset_for", "dataset_hash", "load_dataset", "read_records", "records",
+           "write_records"]
 
 SPLITS = ("train", "dev", "test")
 MAX_DEPTH = 64
 """Deepest nesting of objects and lists a record may have."""
 _FIELDS = ("id", "split", "inputs")
-_OPTIONAL = ("expected", "meta")
+_OPTIONAL = ("expected", "meta", "reference")
 """A record without ``expected`` (or with ``null``) is label-free: the search scores
 replies against the baseline prompt's own reply (see :mod:`promptdistill.evaluate.references`)."""
 _MAX_SHOWN = 20
@@ -141,7 +144,7 @@ def _parse(path: Path, declared: Sequence[str] | None) -> tuple[list[dict[str, A
             errors += [f"{path}:{n}: {p}" for p in problems]
             continue
         rows.append({"id": rec["id"], "split": rec["split"], "inputs": rec["inputs"], "expected": rec.get("expected"),
-                     "line": n})
+                     "reference": rec.get("reference"), "line": n, "record": rec})
     if not rows and not errors:
         errors.append(f"{path}: no records")
     return rows, errors
@@ -164,8 +167,8 @@ def load_dataset(path: str | os.PathLike[str], *, declared_inputs: Iterable[str]
         declared_inputs: the spec's inputs; when given, every record must supply exactly these.
 
     Returns:
-        A DataFrame with columns ``id``, ``split``, ``inputs`` (dict), ``expected`` and
-        ``line`` (1-based line number), in file order. Treat it as read-only: it is memoised.
+        A DataFrame with columns ``id``, ``split``, ``inputs`` (dict), ``expected``,
+        ``reference`` and ``line`` (1-based line number), in file order. Treat it as read-only: it is memoised.
 
     Raises:
         SpecError: every problem as ``file:line: field: reason`` (``.errors`` holds the list).
@@ -182,12 +185,25 @@ def load_dataset(path: str | os.PathLike[str], *, declared_inputs: Iterable[str]
     rows, errors = _parse(path, declared)
     if errors:
         _raise(errors)
-    df = pd.DataFrame(rows, columns=[*_FIELDS, "expected", "line"])
+    df = pd.DataFrame(rows, columns=[*_FIELDS, "expected", "reference", "line"])
     # pandas reads a missing value as NaN; a label-free record's expected is None.
-    df["expected"] = pd.Series([r["expected"] for r in rows], index=df.index, dtype=object)
+    for column in ("expected", "reference"):
+        df[column] = pd.Series([r[column] for r in rows], index=df.index, dtype=object)
     if key is not None:
         _CACHE[key] = df
     return df
+
+
+def read_records(path: str | os.PathLike[str], *, declared_inputs: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Every record of a dataset file as written (``meta`` and ``reference`` included), in file order.
+
+    Raises:
+        SpecError: as :func:`load_dataset`.
+    """
+    rows, errors = _parse(Path(path), None if declared_inputs is None else tuple(declared_inputs))
+    if errors:
+        _raise(errors)
+    return [row["record"] for row in rows]
 
 
 def dataset_for(spec: "Spec") -> pd.DataFrame:
@@ -196,13 +212,14 @@ def dataset_for(spec: "Spec") -> pd.DataFrame:
 
 
 def records(df: pd.DataFrame, split: str) -> list[dict[str, Any]]:
-    """The records of one split as dicts (``id``, ``split``, ``inputs``, ``expected``), in file order."""
+    """The records of one split as dicts (``id``, ``split``, ``inputs``, ``expected``, ``reference``), in file order."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     part = df[df["split"] == split]
+    references = part["reference"] if "reference" in part else [None] * len(part)
     return [
-        {"id": i, "split": s, "inputs": inp, "expected": exp}
-        for i, s, inp, exp in zip(part["id"], part["split"], part["inputs"], part["expected"])
+        {"id": i, "split": s, "inputs": inp, "expected": exp, "reference": ref}
+        for i, s, inp, exp, ref in zip(part["id"], part["split"], part["inputs"], part["expected"], references)
     ]
 
 
@@ -215,8 +232,22 @@ def dataset_hash(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def write_records(path: str | os.PathLike[str], recs: Iterable[Mapping[str, Any]]) -> Path:
-    """Write records as JSONL atomically (temp file, then rename). Validates each first."""
+def write_records(path: str | os.PathLike[str], recs: Iterable[Mapping[str, Any]], *, backup: bool = False,
+                  check: Callable[[Path], list[str]] | None = None) -> Path:
+    """Write records as JSONL atomically (temp file, then rename). Validates each first.
+
+    Args:
+        path: the dataset file.
+        recs: at least one record.
+        backup: keep the file being replaced as ``<path>.bak`` (one backup: an older one is
+            overwritten).
+        check: called with the written temporary file before it replaces ``path``; the
+            problems it returns (``file:line: field: reason``; the temporary file's name is
+            shown as ``path``) stop the write and leave ``path`` as it was.
+
+    Raises:
+        SpecError: no records, a record that is not valid, or ``check``'s problems.
+    """
     path = Path(path)
     lines = []
     for n, rec in enumerate(recs, start=1):
@@ -227,13 +258,15 @@ def write_records(path: str | os.PathLike[str], recs: Iterable[Mapping[str, Any]
             lines.append(json.dumps(rec, ensure_ascii=False, sort_keys=False, allow_nan=False))
         except (ValueError, TypeError, RecursionError) as e:
             raise SpecError(f"{path}:{n}: not JSON: {e}") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    if not lines:
+        raise SpecError(f"{path}: no records to write (the file is left as it was)")
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        problems = check(Path(tmp)) if check is not None else []
+        if problems:
+            _raise([p.replace(tmp, str(path)) for p in problems])
+        if backup and path.is_file():
+            atomic_write(path.with_name(path.name + ".bak"), path.read_bytes())
+
+    return atomic_write(path, write)  # honours the umask, unlike mkstemp

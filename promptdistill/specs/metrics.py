@@ -30,12 +30,14 @@ that times out scores 0 (and is logged).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import logging
 import math
 import re
-from typing import Any, Mapping
+from functools import lru_cache
+from typing import Any, Callable, Mapping
 
 import regex
 
@@ -196,7 +198,7 @@ def _pattern_ok(pattern: str | None, answer: Any) -> bool:
 
 def score_reply(
     metric: MetricSpec, reply_text: Any, expected: Any, *, output_schema: Mapping[str, Any] | None = None,
-    inputs: Mapping[str, Any] | None = None, record_id: Any = None, where: str = "spec",
+    inputs: Mapping[str, Any] | None = None, record_id: Any = None, where: str = "spec", reference: Any = None,
 ) -> float | None:
     """Score one reply in [0, 1] (None for ``judge_rubric``). Never raises on the reply.
 
@@ -208,6 +210,9 @@ def score_reply(
             names the compared field when ``metric.field`` is unset.
         inputs, record_id, where: the record's inputs (a python metric gets them), its id
             and the spec's file, for a python metric's errors.
+        reference: the record's ``reference`` (scoring data the prompt never shows); a
+            python metric whose function takes a ``reference`` keyword (or ``**kwargs``)
+            gets it as ``reference=``, so four-argument metrics keep working.
 
     Raises:
         MetricFunctionError: a python metric raised or returned something that is not a
@@ -220,7 +225,7 @@ def score_reply(
     if metric.kind == "judge_rubric":
         return None
     if metric.kind == "python":
-        return _score_with_function(metric, reply_text, expected, inputs or {}, record_id, where)
+        return _score_with_function(metric, reply_text, expected, inputs or {}, record_id, where, reference)
     if not isinstance(reply_text, str):
         return 0.0
     try:
@@ -229,12 +234,24 @@ def score_reply(
         return 0.0
 
 
+@lru_cache(maxsize=64)
+def _takes_reference(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` accepts a ``reference`` keyword (by name or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: call it the old way
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "reference" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+               for p in params)
+
+
 def _score_with_function(metric: MetricSpec, reply: Any, expected: Any, inputs: Mapping[str, Any], record_id: Any,
-                         where: str) -> float | None:
+                         where: str, reference: Any = None) -> float | None:
     fn = load_function(metric.function, metric.project_dir)
     text = reply if isinstance(reply, str) else ""
+    extra = {"reference": reference} if _takes_reference(fn) else {}
     try:
-        value = fn(text, parse_reply(text), expected, dict(inputs))
+        value = fn(text, parse_reply(text), expected, dict(inputs), **extra)
     except Exception as e:  # noqa: BLE001 - the project's code: any failure is reported as its own
         raise MetricFunctionError(f"{where}: metric.function {metric.function}: record {record_id!r}: raised "
                                   f"{type(e).__name__}: {e}") from None
