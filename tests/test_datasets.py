@@ -31,10 +31,10 @@ def _rec(i: str = "a", split: str = "train", **inputs: str) -> str:
 def test_load_returns_the_documented_columns_in_file_order(tmp_path):
     path = _write(tmp_path, [_rec("a"), "", _rec("b", "dev"), _rec("c", "test")])
     df = load_dataset(path, declared_inputs=["q"])
-    assert list(df.columns) == ["id", "split", "inputs", "expected", "line"]
+    assert list(df.columns) == ["id", "split", "inputs", "expected", "reference", "line"]
     assert list(df["id"]) == ["a", "b", "c"]
     assert list(df["line"]) == [1, 3, 4]
-    assert records(df, "dev") == [{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": "y"}]
+    assert records(df, "dev") == [{"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": "y", "reference": None}]
     with pytest.raises(ValueError, match="split must be one of"):
         records(df, "validation")
 
@@ -88,7 +88,8 @@ def test_a_record_without_expected_is_label_free(tmp_path):
                              '{"id": "c", "split": "test", "inputs": {"q": "y"}, "expected": null}'])
     df = load_dataset(path)
     assert df["expected"].tolist()[1:] == [None, None]
-    assert records(df, "dev")[-1] == {"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": None}
+    assert records(df, "dev")[-1] == {"id": "b", "split": "dev", "inputs": {"q": "x"}, "expected": None,
+                                      "reference": None}
 
 
 def test_missing_and_empty_files(tmp_path):
@@ -228,3 +229,169 @@ def test_summary_references_only_use_facts_from_the_notes():
         names -= {"The", "Problem", "Decision", "Android", "April", "January"}
         assert names <= set(re.findall(r"\b[A-Z][a-z]+\b", notes)), (names, notes)
         assert 2 <= len(exp["key_points"]) <= 5 and 0 <= exp["confidence_score"] <= 1
+
+
+# --- datasets import ----------------------------------------------------------------------
+
+
+def _project(tmp_path: Path) -> Path:
+    """A project with one spec (`label`, input `text`, exact metric) and no dataset yet."""
+    import yaml
+
+    (tmp_path / "prompts").mkdir()
+    spec = {"name": "label", "description": "Label a message.", "dataset": "label.jsonl",
+            "inputs": {"text": "The message."},
+            "template": {"system": {"instruction": "Reply with the message's label."}, "user": "{text}"},
+            "output": {"max_tokens": 8}, "metric": {"kind": "exact"}}
+    (tmp_path / "prompts" / "label.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return tmp_path / "prompts" / "label.yaml"
+
+
+def _traffic(tmp_path: Path, rows: list, name: str = "traffic.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _rows(start: int, stop: int, **extra) -> list[dict]:
+    return [{"rid": f"r{i}", "msg": f"message {i}", "label": f"l{i % 3}", **extra} for i in range(start, stop)]
+
+
+def _seed(tmp_path: Path) -> Path:
+    """The spec's existing labelled dataset, written without the importer."""
+    from promptdistill.specs.importer import split_of
+
+    return write_records(tmp_path / "datasets" / "label.jsonl",
+                         [{"id": r["rid"], "split": split_of(r["rid"]), "inputs": {"text": r["msg"]},
+                           "expected": r["label"]} for r in _rows(0, 40)])
+
+
+def _import(tmp_path: Path, file: Path, *args: str) -> int:
+    from promptdistill.cli import main
+
+    return main(["datasets", "import", str(file), "--spec", str(tmp_path / "prompts" / "label.yaml"),
+                 "--map", "text=msg", "--id-column", "rid", "--expected-column", "label", *args])
+
+
+def test_import_creates_a_specs_first_dataset_that_passes_spec_validate(tmp_path, capsys):
+    from promptdistill.specs.load import validate_spec_file
+
+    spec_path = _project(tmp_path)
+    assert _import(tmp_path, _traffic(tmp_path, _rows(0, 40))) == 0
+    assert "40 of 40 rows imported" in capsys.readouterr().out
+    assert validate_spec_file(spec_path) == []
+    assert not (tmp_path / "datasets" / "label.jsonl.bak").exists()  # nothing was replaced
+    out = tmp_path / "elsewhere" / "first.jsonl"
+    assert _import(tmp_path, _traffic(tmp_path, _rows(0, 40)), "--out", str(out)) == 0
+    assert load_dataset(out, declared_inputs=["text"])["id"].tolist() == [f"r{i}" for i in range(40)]
+
+
+def test_an_import_with_no_usable_row_leaves_the_dataset_as_it_was(tmp_path, capsys):
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    before = dataset.read_bytes()
+    assert _import(tmp_path, _traffic(tmp_path, [{"rid": "x", "msg": " ", "label": "a"}], "empty.jsonl")) == 2
+    assert "nothing imported" in capsys.readouterr().err
+    assert dataset.read_bytes() == before and not dataset.with_name("label.jsonl.bak").exists()
+
+
+@pytest.mark.parametrize("rows, message", [
+    (_rows(0, 3) + [{"rid": "r1", "msg": "other", "label": "a"}],
+     r"traffic.jsonl:4: column 'rid': id 'r1' repeats line 2 with other inputs"),
+    (_rows(0, 2) + [{"msg": "no id", "label": "a"}], r"traffic.jsonl:3: column 'rid': missing id"),
+    (_rows(0, 2) + [{"rid": None, "msg": "null id", "label": "a"}], r"traffic.jsonl:3: column 'rid': missing id"),
+    (_rows(0, 2) + ['{"rid": "r9", "msg": '], r"traffic.jsonl:3: malformed JSON"),
+    (["", *_rows(0, 2), '{"rid": "r9", "msg": "m", "label": {"a": NaN}}'],
+     r"traffic.jsonl:4: column 'label'.a: nan is not JSON; write null"),
+    (_rows(0, 2) + ['{"rid": "r9", "msg": Infinity, "label": "a"}'], r"traffic.jsonl:3: column 'msg': inf is not JSON"),
+])
+def test_a_bad_row_is_named_by_input_file_line_and_column_and_nothing_is_written(tmp_path, capsys, rows, message):
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    before = dataset.read_bytes()
+    assert _import(tmp_path, _traffic(tmp_path, rows)) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert dataset.read_bytes() == before
+
+
+def test_a_csv_row_is_named_by_its_line_even_after_a_multiline_cell(tmp_path, capsys):
+    _project(tmp_path)
+    csv_file = tmp_path / "traffic.csv"
+    csv_file.write_text('rid,msg,label\nr1,"two\nlines",a\n,no id,b\n')
+    assert _import(tmp_path, csv_file) == 2
+    assert "traffic.csv:4: column 'rid': missing id" in capsys.readouterr().err
+
+
+def test_an_import_that_would_fail_spec_validate_is_refused_before_it_replaces_anything(tmp_path, capsys):
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    before = dataset.read_bytes()
+    # An exact metric cannot score an object: `spec validate` would refuse this dataset.
+    rows = _rows(0, 40)
+    rows[5]["label"] = {"not": "a label"}
+    assert _import(tmp_path, _traffic(tmp_path, rows)) == 2
+    err = capsys.readouterr().err
+    assert f"{dataset}:6: expected: an exact metric needs a string or number" in err
+    assert dataset.read_bytes() == before
+    assert sorted(p.name for p in dataset.parent.iterdir()) == ["label.jsonl"]  # no temporary file left
+
+
+def test_a_replaced_dataset_is_kept_as_one_backup(tmp_path):
+    _project(tmp_path)
+    dataset = tmp_path / "datasets" / "label.jsonl"
+    assert _import(tmp_path, _traffic(tmp_path, _rows(0, 40))) == 0
+    first = dataset.read_bytes()
+    assert _import(tmp_path, _traffic(tmp_path, _rows(40, 80))) == 0
+    second = dataset.read_bytes()
+    assert dataset.with_name("label.jsonl.bak").read_bytes() == first
+    assert _import(tmp_path, _traffic(tmp_path, _rows(80, 120))) == 0
+    assert dataset.with_name("label.jsonl.bak").read_bytes() == second
+    assert sorted(p.name for p in dataset.parent.iterdir()) == ["label.jsonl", "label.jsonl.bak"]
+
+
+def test_append_adds_new_traffic_and_keeps_the_existing_records_and_their_splits(tmp_path, capsys):
+    from promptdistill.specs.datasets import read_records
+    from promptdistill.specs.importer import split_of
+
+    _project(tmp_path)
+    dataset = tmp_path / "datasets" / "label.jsonl"
+    assert _import(tmp_path, _traffic(tmp_path, _rows(0, 40))) == 0
+    # A hand-made change the import must keep: another split and a meta object.
+    existing = read_records(dataset)
+    existing[0] = {**existing[0], "split": "test" if existing[0]["split"] != "test" else "dev", "meta": {"by": "hand"}}
+    write_records(dataset, existing)
+    capsys.readouterr()
+    assert _import(tmp_path, _traffic(tmp_path, _rows(30, 50)), "--append") == 0
+    assert "10 of 20 rows imported" in capsys.readouterr().out
+    after = read_records(dataset)
+    assert after[:40] == existing
+    assert [r["id"] for r in after[40:]] == [f"r{i}" for i in range(40, 50)]
+    assert all(r["split"] == split_of(r["id"]) for r in after[40:])
+    # The same traffic again adds nothing and leaves the file alone.
+    before = dataset.read_bytes()
+    assert _import(tmp_path, _traffic(tmp_path, _rows(30, 50)), "--append") == 0
+    assert dataset.read_bytes() == before
+    # An id already in the dataset with other inputs is refused.
+    assert _import(tmp_path, _traffic(tmp_path, [{"rid": "r3", "msg": "changed", "label": "a"}]), "--append") == 2
+    assert f"traffic.jsonl:1: column 'rid': id 'r3' repeats {dataset}" in capsys.readouterr().err
+    assert dataset.read_bytes() == before
+
+
+def test_reference_columns_are_kept_as_the_records_reference(tmp_path):
+    _project(tmp_path)
+    rows = [{**r, "allowed": ["a", "b"], "facts": '{"k": [1, 2]}'} for r in _rows(0, 40)]
+    rows[0]["allowed"] = None
+    assert _import(tmp_path, _traffic(tmp_path, rows), "--reference-column", "allowed",
+                   "--reference-column", "facts") == 0
+    df = load_dataset(tmp_path / "datasets" / "label.jsonl", declared_inputs=["text"])
+    assert df["reference"].tolist()[:2] == [{"allowed": None, "facts": {"k": [1, 2]}},
+                                            {"allowed": ["a", "b"], "facts": {"k": [1, 2]}}]
+    split = df["split"][1]
+    assert {"id": "r1", "split": split, "inputs": {"text": "message 1"}, "expected": "l1",
+            "reference": {"allowed": ["a", "b"], "facts": {"k": [1, 2]}}} in records(df, split)
+
+
+def test_a_record_may_carry_any_json_reference(tmp_path):
+    path = _write(tmp_path, [json.dumps({"id": "a", "split": "dev", "inputs": {"q": "x"}, "reference": [1, "two"]}),
+                             json.dumps({"id": "b", "split": "dev", "inputs": {"q": "x"}, "reference": "facts"})])
+    assert load_dataset(path, declared_inputs=["q"])["reference"].tolist() == [[1, "two"], "facts"]
