@@ -147,7 +147,10 @@ def _init(args: argparse.Namespace) -> int:
         root / "prompts" / "README.md": PROMPTS_README,
         root / "datasets" / "README.md": DATASETS_README,
     }
-    _check_paths(root, files)
+    try:
+        _check_paths(root, files)
+    except OSError as e:  # a folder that cannot be looked into
+        raise ConfigError(f"init: cannot check {e.filename or root}: {e.strerror or e}; nothing was written") from None
     kept = [path for path in files if path.exists() and not args.force]
     for path in kept:
         print(f"kept {path} (exists; --force replaces it)", file=sys.stderr)
