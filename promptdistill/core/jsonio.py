@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 from datetime import date, datetime
 from pathlib import Path, PurePath
 from typing import Any, Callable
@@ -89,6 +89,9 @@ def json_safe(value: Any) -> Any:
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[str], None]) -> Path:
     """Write ``path`` atomically: a temporary file in the same folder, then a rename.
 
+    The file gets ``0o666`` less the process umask (``0o644`` under umask 022), as a new
+    file from ``open(path, "w")`` would, and not the ``0o600`` of ``tempfile.mkstemp``.
+
     Args:
         path: the target; its folder is created if missing.
         data: bytes, text (UTF-8), or a function that writes the temporary path it is given
@@ -96,7 +99,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[str
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path)
     try:
         if callable(data):
             os.close(fd)
@@ -109,6 +112,21 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[str
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new hidden temp file next to ``path``, created with mode 0o666 so the umask applies.
+
+    Not ``tempfile.mkstemp``: it always creates 0o600, and reading the umask to correct
+    that (``os.umask`` sets it to read it) is not safe with other threads running.
+    """
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path.parent}: no free temporary file name for {path.name}")
 
 
 def write_json(path: str | os.PathLike[str], value: Any, *, nan_to_none: bool = True) -> Path:

@@ -11,13 +11,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from promptdistill.core.jsonio import atomic_write
 from promptdistill.ttft.analysis import token_only_residuals
 from promptdistill.ttft.estimators import DENSITY_HINGE, MODEL_FEATURES
 from promptdistill.ttft.fit import FitResult, model_inputs
@@ -38,9 +38,8 @@ def _plt() -> Any:
 
 def _save(fig: Any, out: Path, name: str) -> str:
     fig.tight_layout()
-    tmp = out / f".{name}.tmp.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, out / name)
+    # The temporary name does not end in .png: name the format.
+    atomic_write(out / name, lambda tmp: fig.savefig(tmp, dpi=110, format=Path(name).suffix.lstrip(".") or "png"))
     _plt().close(fig)
     return name
 

@@ -53,6 +53,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from promptdistill.core.jsonio import atomic_write
 from promptdistill.engine.base import Engine, GenerationRequest
 from promptdistill.specs.prompt import format_example
 from promptdistill.ttft.design import (
@@ -323,12 +324,4 @@ def _output_path(out: str | os.PathLike[str] | None, run_id: str) -> Path | None
 
 def write_parquet(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     """Write atomically: a temporary file in the same folder, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from promptdistill.core.jsonio import atomic_write
 from promptdistill.ttft.analysis import (
     bootstrap_coefficients,
     density_effect,
@@ -189,9 +190,7 @@ def _summary(n: dict[str, Any]) -> dict[str, Any]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def _jsonable(value: Any) -> Any:
