@@ -14,7 +14,10 @@ Three layers:
    metric that fits the output); ``Spec.__post_init__`` calls it, so a spec changed in
    code is checked as strictly as one read from a file;
 3. :func:`validate_spec_file` adds the dataset: every line loads, inputs match the spec,
-   expected values fit the metric, and the train split can supply the examples.
+   expected values fit the metric, and the train split can supply the examples; and
+   :func:`record_errors` what only a record can show: each record's per-request schema
+   (``output.schema_from``) is a valid JSON Schema, and a python metric, called on a few
+   records with their own expected output as the reply, returns a score.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from promptdistill.core.errors import SpecError
 from promptdistill.core.jsonio import TextFileError, read_text
 from promptdistill.specs.plugins import load_function
 from promptdistill.specs.render import TemplateSyntaxError, check_template, mask_escapes, placeholders
+from promptdistill.specs.schema_from import request_schema, schema_location
 from promptdistill.specs.text import WORD
 
 if TYPE_CHECKING:
     from promptdistill.specs.model import Spec
 
-__all__ = ["MAX_SPEC_BYTES", "MAX_YAML_ALIASES", "MAX_YAML_NODES", "layout_warnings", "load_schema",
-           "pattern_problem", "read_spec_data", "read_yaml", "spec_errors"]
+__all__ = ["MAX_SPEC_BYTES", "MAX_YAML_ALIASES", "MAX_YAML_NODES", "METRIC_PROBE_RECORDS", "layout_warnings",
+           "load_schema", "pattern_problem", "read_spec_data", "read_yaml", "record_errors", "spec_errors"]
 
 _NAME = re.compile(r"^[a-z0-9_]+$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -54,6 +58,8 @@ MAX_YAML_DEPTH = 64
 MAX_PATTERN_CHARS = 1000
 PATTERN_PROBE_S = 0.05
 """How long ``metric.pattern`` may take on one probe string before it is refused."""
+METRIC_PROBE_RECORDS = 3
+"""How many labelled records a python metric is called on at validation."""
 
 
 @lru_cache(maxsize=1)
@@ -356,6 +362,80 @@ def spec_errors(spec: "Spec") -> list[str]:
     if not spec.instruction.strip():
         errors.append("template.system.instruction: must not be empty")
     return errors + _static_text_errors(spec) + _template_errors(spec) + _output_metric_errors(spec)
+
+
+# --- records: per-request schemas and the python metric ----------------------------------
+
+
+def _request_schema_problem(value: Any) -> str | None:
+    """Why a ``schema_from`` value is not a usable JSON Schema (None when it is), with the
+    path inside the value (``parameters.properties.unit.type``)."""
+    try:
+        location = schema_location(value, where="(value)")
+        jsonschema.Draft202012Validator.check_schema(request_schema(value, where="(value)"))
+    except ValueError as e:  # the caller names the record instead of "(value)"
+        return str(e).removeprefix("(value): ")
+    except jsonschema.SchemaError as e:
+        path = ".".join(str(p) for p in (*location, *e.absolute_path)) or "(root)"
+        return f"not a valid JSON Schema at {path}: {e.message}"
+    except RecursionError:
+        return "nested too deeply"
+    return None
+
+
+def _schema_from_errors(spec: "Spec", rows: list[dict[str, Any]]) -> list[str]:
+    name, seen, errors = spec.schema_from, {}, []
+    for row in rows:
+        value = row["inputs"].get(name)
+        try:
+            key = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        except (TypeError, ValueError, RecursionError):
+            key = None
+        problem = seen[key] if key in seen else _request_schema_problem(value)
+        if key is not None:
+            seen[key] = problem  # records share a few functions: check each once
+        if problem:
+            errors.append(f"{spec.dataset}:{row['line']}: inputs.{name}: record {row['id']!r}: {problem}")
+    return errors
+
+
+def _metric_call_errors(spec: "Spec", rows: list[dict[str, Any]]) -> list[str]:
+    """Call the python metric as scoring will, with each record's expected output as the reply."""
+    from promptdistill.specs.metrics import score_reply  # metrics imports the model, which imports this
+
+    labelled = [r for r in rows if r["expected"] is not None][:METRIC_PROBE_RECORDS]
+    errors = []
+    for row in labelled:
+        try:
+            reply = json.dumps(row["expected"], ensure_ascii=False)
+            score_reply(spec.metric, reply, row["expected"], inputs=row["inputs"], record_id=row["id"],
+                        where=spec.where, reference=row.get("reference"))
+        except SpecError as e:  # MetricFunctionError: it raised or returned a non-score
+            errors.append(f"{e} (called with the record's expected output as the reply)")
+        except (SystemExit, KeyboardInterrupt) as e:  # the project's code must not end validation
+            errors.append(f"{spec.where}: metric.function {spec.metric.function}: record {row['id']!r}: raised "
+                          f"{type(e).__name__}({e}) (called with the record's expected output as the reply)")
+    return errors
+
+
+def record_errors(spec: "Spec", rows: list[dict[str, Any]]) -> list[str]:
+    """What only the dataset's records show, as ``file: field: reason`` naming the record.
+
+    * With ``output.schema_from``: every record's schema value is a JSON Schema, or a
+      function definition whose parameters are one (Python-style type names mapped, as
+      constrained decoding will get them): named with the path inside the value.
+    * With a python metric: the function, called on the first ``METRIC_PROBE_RECORDS``
+      labelled records with the record's own ``expected`` as the reply (the reply text is
+      its JSON), returns a score in [0, 1] or None, and does not raise.
+
+    Args:
+        spec: a valid spec.
+        rows: the dataset's records (``id``, ``line``, ``inputs``, ``expected``), in file order.
+    """
+    errors = _schema_from_errors(spec, rows) if spec.schema_from is not None else []
+    if spec.metric.kind == "python" and spec.metric.function:
+        errors += _metric_call_errors(spec, rows)
+    return errors
 
 
 # --- prefix-cache layout ------------------------------------------------------------------

@@ -15,7 +15,7 @@ import yaml
 
 from promptdistill.core.errors import SpecError
 from promptdistill.core.jsonio import atomic_write
-from promptdistill.specs.checks import read_spec_data
+from promptdistill.specs.checks import read_spec_data, record_errors
 from promptdistill.specs.datasets import load_dataset, records
 from promptdistill.specs.metrics import expected_error
 from promptdistill.specs.model import Spec, spec_error, spec_from_dict
@@ -77,6 +77,7 @@ def _dataset_errors(spec: Spec) -> list[str]:
         problem = None if expected is None else expected_error(spec.metric, expected)  # None: label-free
         if problem:
             errors.append(f"{spec.dataset}:{line}: expected: {problem} (record {rec_id!r})")
+    errors += record_errors(spec, df.to_dict("records"))  # per-request schemas, the python metric
     # Few-shot examples show the answer: only labelled train records can be examples.
     train = [r for r in records(df, "train") if r["expected"] is not None]
     for split, why in (("dev", "the optimizer scores candidates on it"), ("test", "the winner is verified on it")):

@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import importlib.util
 import math
+import numbers
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -70,7 +71,9 @@ def _load(function: str, project_dir: str | None, mtime_ns: int) -> MetricFuncti
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - the user's module: any error is reported as theirs
+    except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - the user's module: its error, even sys.exit()
+        if path is not None:
+            sys.modules.pop(unique, None)  # half-run: the next load starts afresh
         where = path or f"module {module_name!r} (not in {project_dir or 'the project'}, nor installed)"
         raise SpecError(f"metric.function: cannot import {where}: {type(e).__name__}: {e}") from None
     fn = getattr(module, attr, None)
@@ -100,7 +103,8 @@ def check_score(value: Any, *, function: str, where: str, record_id: Any) -> flo
     """A function's return value as a score, or MetricFunctionError naming the record."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+    # numbers.Real: numpy's floats and ints are scores too (numpy.bool_ is not a Real).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
             or not 0.0 <= value <= 1.0:
         raise MetricFunctionError(f"{where}: metric.function {function}: record {record_id!r}: returned {value!r}; "
                                   "a score must be a number in [0, 1] or None")
