@@ -11,9 +11,10 @@ pass ``--prompts-dir``): the flows ship with the package. Exit code 1 when a spe
 (the others are still published and in the table).
 
 The terminal shows our work: a live progress display per stage and spec (elapsed time,
-an estimate of what is left), errors in full, then the summary table and the night
-report's path. Third-party output (vLLM, torch, Prefect, C-level writes to stderr) goes
-to ``<state_dir>/logs/nightly-<time>.log``, printed once; ``--verbose`` shows it instead.
+an estimate of what is left), each error as its reason (tracebacks go to the log), then
+the summary table with each failed spec's reason and the night report's path.
+Third-party output (vLLM, torch, Prefect, C-level writes to stderr) goes to
+``<state_dir>/logs/nightly-<time>.log``, printed once; ``--verbose`` shows it instead.
 """
 
 from __future__ import annotations
@@ -74,12 +75,7 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     """Run the flow with the progress display on ``terminal``; returns (outcome, final state)."""
     from promptdistill.flows.nightly import nightly
     from promptdistill.pipeline.budgets import budget_preset
-    from promptdistill.pipeline.console import (
-        ProgressDisplay,
-        ProgressHandler,
-        RunProgress,
-        plan_night,
-    )
+    from promptdistill.pipeline.console import ProgressDisplay, RunProgress, plan_night
     from promptdistill.pipeline.jobs import select_spec_files
 
     params: dict[str, Any] = dict(budget_preset(args.budget))
@@ -93,7 +89,7 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     # --verbose: library output shares the terminal, so plain lines instead of a live table.
     display = ProgressDisplay(RunProgress(steps), terminal, live=None if terminal.log_path else False)
     # After the imports above: Prefect's logging set-up replaces the root logger's handlers.
-    handler = ProgressHandler(display, terminal, echo=terminal.log_path is not None)
+    handler = _night_handler(display, terminal)
     logging.getLogger().addHandler(handler)
     try:
         with display:
@@ -104,6 +100,34 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     finally:
         logging.getLogger().removeHandler(handler)
     return state.result(raise_on_failure=False), state
+
+
+def _night_handler(display: Any, terminal: Any) -> logging.Handler:
+    """The progress display's log handler, where a failure reads as its reason, never a traceback.
+
+    Prefect logs a failed task and a failed flow with their tracebacks; the log file has
+    them (Prefect's own handler writes there). On the terminal, an error shows its message
+    and, when it is not one of ours (a bug), where its traceback is; the flow's
+    ``SpecsFailedError`` is left out: the summary that follows lists each failure's reason.
+    """
+    from promptdistill.core.errors import PromptDistillError
+    from promptdistill.pipeline.console import ProgressHandler
+    from promptdistill.pipeline.jobs import SpecsFailedError
+
+    class NightHandler(ProgressHandler):
+        def filter(self, record: logging.LogRecord) -> bool:
+            exc = record.exc_info[1] if record.exc_info else None
+            return not isinstance(exc, SpecsFailedError) and super().filter(record)
+
+        def format(self, record: logging.LogRecord) -> str:
+            exc = record.exc_info[1] if record.exc_info else None
+            # A copy without the exception: the record itself still goes to other handlers.
+            text = super().format(logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None}))
+            if exc is not None and not isinstance(exc, PromptDistillError) and self.terminal.log_path is not None:
+                text += f" (traceback in {self.terminal.log_path})"
+            return text
+
+    return NightHandler(display, terminal, echo=terminal.log_path is not None)
 
 
 def _report(outcome: Any, state: Any, registry: str, log_path: Path | None) -> int:
