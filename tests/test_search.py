@@ -3,6 +3,10 @@
 * the confidence sequence: its error rate by simulation (discrete and continuous paired
   differences at exactly ``-margin``), a control showing the simulation catches a bound that
   is not anytime-valid, coverage, shrinking, no degenerate bound, input checks;
+* the group-sequential test: boundaries against published values, the null variance
+  against a brute-force restricted MLE, size at 10/20/40% discordance with enough runs to
+  tell alpha from 2 x alpha (and a control that does), power against the plan, decisions
+  that depend only on the records before each look;
 * the race's family-wise error rate by simulation through ``race()`` itself;
 * ``looks``, ``can_beat``, ``screen``, ``race``, ``select`` on scripted scores
   (``fakes.FakeEvaluator``), ``plan_records``, ``Budget``, ``split_records``.
@@ -24,8 +28,8 @@ from scipy.stats import norm
 from bundled_specs import load_spec
 from fakes import FakeClock, FakeEngine, FakeEvaluator, FakeMeter, fake_report, numbered_records
 from promptdistill.engine.meter import CallMeter
-from promptdistill.search import budget as budget_module
 from promptdistill.search.budget import Budget
+from promptdistill.search import group_sequential as gs
 from promptdistill.search.racing import (
     Candidate,
     Decision,
@@ -33,11 +37,18 @@ from promptdistill.search.racing import (
     can_beat,
     looks,
     paired_mean,
+    plan_from_screen,
     race,
     screen,
     select,
 )
-from promptdistill.search.sequential import confidence_sequence, plan_records
+from promptdistill.search.sequential import (
+    ConfidenceSequenceTest,
+    GroupSequentialTest,
+    confidence_sequence,
+    discordance_upper_bound,
+    plan_records,
+)
 from promptdistill.search.splits import split_records
 from promptdistill.specs.datasets import dataset_for, records, write_records
 
@@ -180,6 +191,157 @@ def test_confidence_sequence_rejects_invalid_input():
     assert lo.shape == hi.shape == (3,)
 
 
+# --- the group-sequential test (discrete scores) ---------------------------------------------
+
+
+def test_boundaries_match_published_obrien_fleming_values():
+    """Lan-DeMets O'Brien-Fleming-type spending, five equal looks, one-sided 0.025 (Jennison &
+    Turnbull table; gsDesign's sfLDOF gives the same): 4.877 / 3.357 / 2.680 / 2.290 / 2.031."""
+    c = gs.obf_boundaries([0.2, 0.4, 0.6, 0.8, 1.0], alpha=0.025)
+    assert c == pytest.approx([4.877, 3.357, 2.680, 2.290, 2.031], abs=6e-4)
+    # One look is the fixed-n test; the design spends exactly alpha at a tie.
+    assert gs.obf_boundaries([1.0], alpha=0.05)[0] == pytest.approx(norm.ppf(0.95), abs=1e-6)
+    fractions = [50 / 984, 100 / 984, 200 / 984, 400 / 984, 800 / 984, 1.0]
+    c = gs.obf_boundaries(fractions, alpha=0.05)
+    assert gs.crossing_probability(c, fractions, drift=0.0) == pytest.approx(0.05, abs=1e-6)
+    assert all(a > b for a, b in zip(c, c[1:]))  # early looks need overwhelming evidence
+    with pytest.raises(ValueError, match="increase"):
+        gs.obf_boundaries([0.5, 0.4, 1.0], alpha=0.05)
+
+
+def test_null_variance_is_tangos_for_binary_and_the_restricted_mle_otherwise():
+    from scipy.optimize import minimize
+
+    # Binary: the closed form against a brute-force maximum of the constrained likelihood.
+    wins, losses, n, delta = 10, 14, 100, 0.05
+    d = np.array([1.0] * wins + [-1.0] * losses + [0.0] * (n - wins - losses))
+
+    def nll(q):
+        p = q[0] - delta
+        return -(wins * np.log(p) + losses * np.log(q[0]) + (n - wins - losses) * np.log(1 - p - q[0]))
+
+    q = minimize(nll, [0.15], bounds=[(delta + 1e-9, (1 + delta) / 2 - 1e-9)]).x[0]
+    assert gs.null_variance(d, -delta) == pytest.approx(q + (q - delta) - delta ** 2, abs=1e-6)
+    # Shares of five checks (json_field): the restricted MLE over the support plus the ends.
+    values = np.array([-0.4, -0.2, 0.0, 0.2, 0.6])
+    counts = np.array([5, 12, 60, 18, 5])
+    d = np.repeat(values, counts)
+    support = np.array([-1.0, *values, 1.0])
+    full = np.array([0, *counts, 0])
+    cons = [{"type": "eq", "fun": lambda w: w.sum() - 1}, {"type": "eq", "fun": lambda w: w @ support + 0.05}]
+    w0 = np.full(support.size, 1 / support.size)
+    res = minimize(lambda w: -np.sum(full * np.log(np.maximum(w, 1e-12))), w0, constraints=cons,
+                   bounds=[(0, 1)] * support.size, method="SLSQP", options={"ftol": 1e-12, "maxiter": 500})
+    brute = float(res.x @ (support + 0.05) ** 2)
+    assert gs.null_variance(d, -0.05) == pytest.approx(brute, rel=2e-3)
+
+
+def gs_size(rng, runs, pool, *, discordance, margin, alpha, first=50, mean=None):
+    """Share of ``runs`` races (0/1 paired scores, mean ``-margin`` unless given) that a
+    GroupSequentialTest certifies non-inferior at any planned look, and that it calls inferior."""
+    test = GroupSequentialTest(pool=pool, alpha=alpha, first_look=first)
+    diffs = discrete_diffs(rng, runs, pool, mean=-margin if mean is None else mean, discordance=discordance)
+    certified = np.zeros(runs, dtype=bool)
+    inferior = np.zeros(runs, dtype=bool)
+    for n in looks(pool, first=first):
+        c = test.boundary(n)
+        head = diffs[:, :n]
+        wins, losses = (head == 1.0).sum(axis=1), (head == -1.0).sum(axis=1)
+        var = gs.tango_variance(wins / n, losses / n, 1.0, -margin)
+        z = (head.mean(axis=1) + margin) / np.sqrt(np.maximum(var, 1e-15) / n)
+        open_ = ~(certified | inferior)
+        certified |= open_ & (z >= c)
+        inferior |= open_ & (z <= -c)
+    return float(certified.mean()), float(inferior.mean())
+
+
+@pytest.mark.parametrize("discordance", [0.1, 0.2, 0.4])
+def test_group_sequential_size_is_at_most_alpha_and_tells_alpha_from_twice_alpha(discordance):
+    """4,000 races exactly at -margin on the quick preset's looks (50..984): the share
+    certified non-inferior is at most alpha within three standard errors, a limit below
+    2 x alpha, so a test with twice the error rate fails here."""
+    runs, alpha, margin = 4000, 0.05, 0.05
+    limit = alpha + tolerance(alpha, runs)
+    assert limit < 1.4 * alpha  # the check can see an alpha 40% too large, let alone 2x
+    size, wrong_side = gs_size(np.random.default_rng(int(discordance * 100)), runs, 984, discordance=discordance,
+                               margin=margin, alpha=alpha)
+    print(f"discordance {discordance}: size {size:.4f}, inferior {wrong_side:.4f} over {runs} runs")
+    assert size <= limit
+    assert wrong_side <= limit  # "inferior" at exactly the margin is an error too
+
+
+def test_the_size_check_catches_a_test_with_twice_the_alpha():
+    """Control: the same simulation with the boundaries of 2 x alpha lands above the limit."""
+    runs, alpha = 4000, 0.05
+    size, _ = gs_size(np.random.default_rng(20), runs, 984, discordance=0.2, margin=0.05, alpha=2 * alpha)
+    assert size > alpha + tolerance(alpha, runs)
+
+
+def test_the_plan_promises_the_power_the_group_sequential_test_has():
+    """At a true tie, a race on the pool certifies the plan's certifiable margin in 80% of
+    runs (within 0.05), at 10%, 20% and 40% discordance."""
+    for discordance in (0.1, 0.2, 0.4):
+        plan = plan_records(984, discordance=discordance, margin=0.05, alpha=0.05)
+        power, _ = gs_size(np.random.default_rng(3), 2000, 984, discordance=discordance,
+                           margin=plan.certifiable_margin, alpha=0.05, mean=0.0)
+        print(f"discordance {discordance}: plan margin {plan.certifiable_margin:.4f}, simulated power {power:.3f}")
+        assert abs(power - 0.8) <= 0.05, (discordance, power)
+
+
+def test_the_test_decides_from_the_records_before_each_look_only():
+    """Changing record t changes no decision made at a look before t (both tests), and the
+    confidence sequence's bound after record t - 1 does not move either (its bets are
+    predictable: a bet that looked at the current record would move it)."""
+    rng = np.random.default_rng(5)
+    diffs = rng.choice([-1.0, 0.0, 1.0], p=[0.15, 0.7, 0.15], size=400)
+    gst = GroupSequentialTest(pool=400, alpha=0.05)
+    planned = looks(400)
+    before = [gst.decide(diffs[:n], 0.05) for n in planned]
+    for t in (60, 150, 300):
+        changed = diffs.copy()
+        changed[t] = -changed[t] if changed[t] else 1.0
+        after = [gst.decide(changed[:n], 0.05) for n in planned]
+        for n, a, b in zip(planned, before, after):
+            if n <= t:
+                assert a == b, (t, n)
+        lo, hi = confidence_sequence(diffs, alpha=0.05, horizon=400)
+        lo2, hi2 = confidence_sequence(changed, alpha=0.05, horizon=400)
+        assert np.array_equal(lo[:t], lo2[:t]) and np.array_equal(hi[:t], hi2[:t])
+        assert not (np.array_equal(lo[t:], lo2[t:]) and np.array_equal(hi[t:], hi2[t:]))
+
+
+def test_the_repeated_interval_agrees_with_the_decision():
+    gst = GroupSequentialTest(pool=400, alpha=0.05)
+    rng = np.random.default_rng(8)
+    for _ in range(30):
+        diffs = rng.choice([-1.0, 0.0, 1.0], p=[0.1, 0.8, 0.1], size=200)
+        verdict, lo, hi = gst.decide(diffs, 0.05)
+        assert lo < diffs.mean() < hi
+        assert (verdict == "non-inferior") == (lo >= -0.05 - 1e-6)
+        assert (verdict == "inferior") == (hi <= -0.05 + 1e-6)
+    with pytest.raises(ValueError, match="planned look"):
+        gst.boundary(150)
+
+
+def test_continuous_scores_keep_an_anytime_valid_bound_tuned_to_the_pool():
+    """Judge-like scores at exactly -margin: the pool-tuned confidence sequence's false
+    certification share is at most alpha over 600 runs (a limit below 2 x alpha), and it is
+    tighter at the pool's end than the untuned bound."""
+    rng = np.random.default_rng(17)
+    runs, n, alpha = 600, 400, 0.05
+    assert alpha + tolerance(alpha, runs) < 2 * alpha
+    diffs = rng.beta(0.45, 0.55, (runs, n)) - rng.beta(0.5, 0.5, (runs, n))
+    test = ConfidenceSequenceTest(pool=n, alpha=alpha)
+    certified = [test.decide(row, MARGIN)[0] == "non-inferior" for row in diffs]
+    share = float(np.mean(certified))
+    print(f"continuous, pool-tuned: false certification {share:.4f} over {runs} runs")
+    assert share <= alpha + tolerance(alpha, runs)
+    row = discrete_diffs(np.random.default_rng(1), 1, n, mean=0.0, discordance=0.2)[0]
+    tuned, _ = confidence_sequence(row, alpha=alpha, horizon=n)
+    plain, _ = confidence_sequence(row, alpha=alpha)
+    assert tuned[-1] > plain[-1]
+
+
 # --- plan_records ------------------------------------------------------------------------------
 
 
@@ -191,43 +353,51 @@ def test_plan_needs_more_records_for_more_discordance_or_a_smaller_margin():
     assert needed(margin=0.1) < needed(margin=0.05) < needed(margin=0.03)
     assert needed(alpha=0.1) < needed(alpha=0.01)
     small = plan_records(100, discordance=0.2, margin=0.05, alpha=0.05)
-    quiet = plan_records(400, discordance=0.05, margin=0.05, alpha=0.05)
-    noisy = plan_records(400, discordance=0.4, margin=0.05, alpha=0.05)
-    assert small.needed == needed()  # the same simulated runs
+    quiet = plan_records(984, discordance=0.05, margin=0.05, alpha=0.05)
+    noisy = plan_records(984, discordance=0.6, margin=0.05, alpha=0.05)
+    assert small.needed == needed()
     assert quiet.certifiable_margin < noisy.certifiable_margin  # more discordance, wider bounds
     assert plan_records(400, discordance=0.2, margin=0.05, alpha=0.05).certifiable_margin < small.certifiable_margin
     assert "can certify" in quiet.sentence() and "cannot certify" in noisy.sentence()
+    assert "80% power" in quiet.sentence()
+
+
+def test_plan_is_stable_and_matches_the_published_design_figures():
+    """Discrete plans are computed, not simulated: the same inputs give the same figures.
+    At a tie, 20% discordance, one-sided 0.025, looks 50/100/200/384 the group-sequential
+    design certifies about 0.064 with 80% power (FINDINGS: 0.0641 by simulation)."""
+    a = plan_records(384, discordance=0.2, margin=0.03, alpha=0.025)
+    b = plan_records(384, discordance=0.2, margin=0.03, alpha=0.025)
+    assert a == b
+    assert a.certifiable_margin == pytest.approx(0.0645, abs=0.003)
+    assert a.needed == pytest.approx(1750, rel=0.05)  # FINDINGS: ~1,750 for 0.03
+    cs = plan_records(384, discordance=0.2, margin=0.05, alpha=0.025, discrete=False)
+    assert cs.certifiable_margin == pytest.approx(0.0775, abs=0.005)  # the pool-tuned bound (FINDINGS)
+    assert cs.test == "confidence sequence" and a.test == "group-sequential"
 
 
 def test_plan_edge_cases():
     empty = plan_records(0, discordance=0.2, margin=0.05, alpha=0.05)
-    assert empty.certifiable_margin == 1.0 and "0 dev records cannot certify" in empty.sentence()
+    assert empty.certifiable_margin == 1.0 and "0 certify records cannot certify" in empty.sentence()
     hopeless = plan_records(50, discordance=1.0, margin=0.001, alpha=0.01, max_records=200)
-    assert hopeless.needed is None and "more than the simulated maximum" in hopeless.sentence()
+    assert hopeless.needed is None and "more records than planned for" in hopeless.sentence()
     with pytest.raises(ValueError, match="pool"):
         plan_records(-1, discordance=0.2, margin=0.05, alpha=0.05)
     with pytest.raises(ValueError, match="discordance"):
         plan_records(10, discordance=1.5, margin=0.05, alpha=0.05)
 
 
-@pytest.mark.parametrize("margin", [
-    0.05,
-    0.1,
-    0.03,
-])
-def test_the_race_certifies_where_the_plan_says_it_can(margin):
-    """No discordant pair (the candidate always scores as the baseline): every simulated run
-    is the same, so the plan's ``needed`` is exact, and a race with that many certify records
-    must certify the candidate."""
-    plan = plan_records(400, discordance=0.0, margin=margin, alpha=0.05)
-    n = plan.needed
-    scores = [float(i % 2) for i in range(n)]
-    base, same = Candidate("baseline", SPEC, cost=100.0), Candidate("same", SPEC, cost=10.0)
-    race(base, [same], numbered_records(n), FakeEvaluator({"baseline": scores, "same": scores}),
-         budget=Budget(FakeMeter(), **GENEROUS), settings=RaceSettings(margin=margin, alpha=0.05, first_look=n),
-         resolution=EXACT)
-    assert same.decision.n == n
-    assert same.decision.verdict == "non-inferior", same.decision.reason
+def test_the_plan_uses_an_upper_bound_on_the_screens_discordance():
+    """No discordant pair in 16 screen records does not mean none in the pool: the plan
+    assumes the upper 90% bound (13.4%), not 0%."""
+    assert discordance_upper_bound(0, 16) == pytest.approx(1 - 0.1 ** (1 / 16), abs=1e-9)
+    assert discordance_upper_bound(16, 16) == 1.0 and discordance_upper_bound(0, 0) is None
+    base, quiet = cand("baseline", 100.0), cand("quiet", 50.0)
+    base.screen, quiet.screen = fake_report("baseline", [1.0, 0.0] * 8), fake_report("quiet", [1.0, 0.0] * 8)
+    plan = plan_from_screen(base, [quiet], pool=984, settings=RaceSettings(margin=0.05, alpha=0.1))
+    assert plan.discordance == pytest.approx(0.134, abs=0.001)
+    assert "upper 90% bound from 0 discordance in 16 screen pairs" in plan.sentence()
+    assert plan.alpha == 0.1
 
 
 # --- the race's family-wise error rate by simulation -----------------------------------------
@@ -265,10 +435,10 @@ def simulate_races(runs: int, *, true_diff: float, seed: int, k: int = 3, pool: 
 
 def test_race_family_wise_error_rate_with_every_finalist_at_the_margin():
     """3 finalists exactly at -margin, looks at 25, 50 and 100 records, alpha 0.1 for the
-    family: the share of races that certify any of them is at most alpha."""
+    family, through ``race()`` itself: the share of races that certify any of them is at most alpha."""
     runs, alpha = 600, 0.1
     fwer, each = simulate_races(runs, true_diff=-0.2, seed=5, alpha=alpha)
-    print(f"race FWER {fwer:.4f} over {runs} races; per finalist {each.round(4).tolist()}")  # measured 0.027
+    print(f"race FWER {fwer:.4f} over {runs} races; per finalist {each.round(4).tolist()}")
     assert fwer <= alpha + tolerance(alpha, runs)
     assert np.all(each <= alpha / 3 + tolerance(alpha / 3, runs))
 
@@ -277,7 +447,7 @@ def test_race_certifies_finalists_that_are_as_good_as_the_baseline():
     """Power control for the test above: the same races with no true drop certify most of the
     time, so a low false-certification share is not a race that never certifies."""
     share, _ = simulate_races(100, true_diff=0.0, seed=6)
-    assert share > 0.6  # measured 0.93
+    assert share > 0.6
 
 
 # --- looks and can_beat ----------------------------------------------------------------------
@@ -297,18 +467,19 @@ def cand(cid: str, cost: float, static: int = 100, **kw) -> Candidate:
     return Candidate(cid, SPEC, cost=cost, static_tokens=static, **kw)
 
 
-def test_can_beat_needs_a_lower_cost_beyond_the_resolution_or_a_tie_with_fewer_static_tokens():
+def test_can_beat_needs_a_lower_cost_beyond_the_resolution_or_a_tie():
     best = cand("best", 100.0, static=300)
     five = lambda a, b: 5.0  # noqa: E731
     assert can_beat(cand("a", 90.0, static=900), best, five)  # clearly cheaper: static tokens do not matter
-    assert not can_beat(cand("b", 110.0, static=10), best, five)  # clearly dearer
-    # Within the resolution (both sides, the edge included) it is a tie: fewer static tokens win.
+    assert not can_beat(cand("b", 110.0, static=10), best, five)  # clearly dearer, whatever its static tokens
+    # Within the resolution (both sides, the edge included) it is a tie: quality will decide.
     for cost in (97.0, 95.0, 103.0, 105.0):
-        assert can_beat(cand("t", cost, static=299), best, five), cost
-        assert not can_beat(cand("t", cost, static=300), best, five), cost
-        assert not can_beat(cand("t", cost, static=301), best, five), cost
-    assert not can_beat(cand("c", 100.0, static=300), best, EXACT)
-    assert can_beat(cand("d", 99.9, static=300), best, EXACT)
+        assert can_beat(cand("t", cost, static=301), best, five), cost
+    # Against the baseline a tie may not be more than 5% dearer.
+    assert can_beat(cand("t", 105.0), best, five, best_is_baseline=True)
+    assert not can_beat(cand("t", 105.01), best, lambda a, b: 20.0, best_is_baseline=True)
+    assert can_beat(cand("c", 100.0, static=300), best, EXACT)  # equal cost: a tie
+    assert not can_beat(cand("d", 100.1, static=3), best, EXACT)
 
 
 # --- screen ---------------------------------------------------------------------------------
@@ -336,8 +507,8 @@ def test_screen_keeps_plausible_candidates_that_can_beat_the_baseline_cheapest_f
     assert ev.calls == [(["baseline", "cheap_bad", "cheap_ok", "mid_ok", "edge", "tie_fewer", "slow"],
                          [str(i) for i in range(8)])]
     assert by_id["cheap_bad"].notes == ["screening: mean difference -0.500 on 8 records is below -0.25"]
-    assert by_id["slow"].notes == ["screening: cannot beat the baseline (cost 150.0 vs 100.0, 400 vs 300 static tokens)"]
-    assert by_id["tie_fewer"].notes == ["screening: not among the 3 finalists"]  # same cost, fewer static tokens
+    assert by_id["slow"].notes == ["screening: cannot beat the baseline (cost 150.0 vs 100.0, resolution 0.0)"]
+    assert by_id["tie_fewer"].notes == ["screening: not among the 3 finalists"]  # same cost: a tie, could win
     assert all(not c.notes for c in finalists)
     assert paired_mean(by_id["mid_ok"].screen, base.screen) == -0.125
     assert by_id["cheap_ok"].lm_calls == 8 and by_id["cheap_ok"].mean == 0.75
@@ -408,22 +579,25 @@ def run_race(cands, scores, *, pool=N_POOL, budget=None, margin=0.05, alpha=0.1,
     return base, ev
 
 
-def test_race_decides_clear_cases_at_the_first_look_and_stops():
+def test_race_decides_clear_cases_early_and_stops():
+    """O'Brien-Fleming boundaries ask for overwhelming evidence at the first look (50 of 400
+    records: z >= 6.1) and decide these at the second (100: z >= 4.2)."""
     better, worse = cand("better", 10.0), cand("worse", 20.0)
     lines = []
     base, ev = run_race([better, worse], {"better": [1.0] * N_POOL, "worse": [0.0] * N_POOL}, log=lines.append)
-    assert ev.calls == [(["baseline", "better", "worse"], [str(i) for i in range(50)])]  # one look, then done
+    assert ev.calls == [(["baseline", "better", "worse"], [str(i) for i in range(50)]),
+                        (["baseline", "better", "worse"], [str(i) for i in range(50, 100)])]  # two looks, then done
     b, w = better.decision, worse.decision
-    assert (b.verdict, b.n, b.diff_mean, b.alpha) == ("non-inferior", 50, 0.5, 0.05)
-    assert (w.verdict, w.n, w.diff_mean, w.alpha) == ("inferior", 50, -0.5, 0.05)
+    assert (b.verdict, b.n, b.diff_mean, b.alpha) == ("non-inferior", 100, 0.5, 0.05)
+    assert (w.verdict, w.n, w.diff_mean, w.alpha) == ("inferior", 100, -0.5, 0.05)
     assert b.certified and not w.certified
     assert -0.05 < b.lower <= 0.5 <= b.upper and w.lower <= -0.5 <= w.upper < -0.05
-    assert b.reason == f"certified non-inferior: bounds [{b.lower:+.3f}, {b.upper:+.3f}] after 50 records " \
-                       "(alpha 0.05), a drop of 0.05 or more ruled out"
+    assert b.reason == f"certified non-inferior: bounds [{b.lower:+.3f}, {b.upper:+.3f}] after 100 records " \
+                       "(group-sequential, alpha 0.05), a drop of 0.05 or more ruled out"
     assert w.reason.startswith("certified inferior: bounds [") and w.reason.endswith("a drop of less than 0.05 ruled out")
-    assert b.to_dict()["verdict"] == "non-inferior" and b.to_dict()["n"] == 50
-    assert len(lines) == 1 and lines[0].startswith("race: 50 of 400 certify records; better non-inferior [")
-    assert base.raced.n == 50 and better.mean == 1.0
+    assert b.to_dict()["verdict"] == "non-inferior" and b.to_dict()["n"] == 100
+    assert len(lines) == 2 and lines[1].startswith("race: 100 of 400 certify records; better non-inferior [")
+    assert base.raced.n == 100 and better.mean == 1.0
 
 
 def test_race_stops_a_candidate_a_cheaper_certified_one_makes_useless():
@@ -431,16 +605,16 @@ def test_race_stops_a_candidate_a_cheaper_certified_one_makes_useless():
     _, ev = run_race([cheap, pricey], {"cheap": [1.0] * N_POOL, "pricey": as_good()})
     assert cheap.decision.verdict == "non-inferior"
     d = pricey.decision
-    assert (d.verdict, d.n) == ("stopped", 50)
+    assert (d.verdict, d.n) == ("stopped", 100)
     assert d.reason.startswith("stopped: a certified rival would be selected over it; bounds [")
-    assert ev.evaluated("pricey") == 50 and len(ev.calls) == 1
+    assert ev.evaluated("pricey") == 100 and len(ev.calls) == 2
 
 
 def test_race_goes_on_with_a_cheaper_candidate_when_a_dearer_one_is_certified():
     cheap, pricey = cand("cheap", 10.0), cand("pricey", 50.0)
     _, ev = run_race([cheap, pricey], {"cheap": as_good(), "pricey": [1.0] * N_POOL})
-    assert pricey.decision.verdict == "non-inferior" and pricey.decision.n == 50
-    assert ev.evaluated("cheap") == N_POOL and ev.evaluated("pricey") == 50
+    assert pricey.decision.verdict == "non-inferior" and pricey.decision.n == 100
+    assert ev.evaluated("cheap") == N_POOL and ev.evaluated("pricey") == 100
     assert [len(ids) for _, ids in ev.calls] == [50, 50, 100, 200]  # looks at 50, 100, 200, 400
 
 
@@ -450,8 +624,8 @@ def test_race_leaves_a_candidate_undecided_when_the_pool_runs_out():
     d = unsure.decision
     assert (d.verdict, d.n, d.diff_mean, d.alpha) == ("undecided", 100, 0.0, 0.1)
     assert d.lower < -0.05 < d.upper
-    assert d.reason == (f"undecided: the dev pool is exhausted; bounds [{d.lower:+.3f}, {d.upper:+.3f}] "
-                        "after 100 records (alpha 0.1)")
+    assert d.reason == (f"undecided: the certify pool is exhausted; bounds [{d.lower:+.3f}, {d.upper:+.3f}] "
+                        "after 100 records (group-sequential, alpha 0.1)")
 
 
 def test_race_under_a_budget_races_the_cheapest_and_says_the_budget_ended_it():
@@ -466,8 +640,12 @@ def test_race_under_a_budget_races_the_cheapest_and_says_the_budget_ended_it():
     assert budget.reason == reason
     assert (a.decision.verdict, a.decision.n) == ("undecided", 100)
     assert (b.decision.verdict, b.decision.n) == ("undecided", 50)
-    assert a.decision.reason.startswith(f"undecided: {reason}; bounds")
-    assert b.decision.reason.startswith(f"undecided: {reason}; bounds")
+    assert a.decision.reason.startswith(f"undecided: {reason} after 100 of 200 certify records; bounds")
+    assert b.decision.reason.startswith(f"undecided: {reason} after 100 of 200 certify records; bounds")
+    winner, why = select(base, [a, b], resolution=EXACT)
+    assert winner is base and why == (f"kept: no candidate certified non-inferior (undecided: {reason} after 100 of "
+                                      f"200 certify records; bounds [{a.decision.lower:+.3f}, {a.decision.upper:+.3f}] "
+                                      "after 100 records (group-sequential, alpha 0.05)); keeping the baseline")
 
 
 def test_a_finalist_cut_by_the_budget_at_the_last_look_says_so():
@@ -505,7 +683,7 @@ def test_select_keeps_the_baseline_when_nothing_is_certified():
     undecided = cand("u", 10.0)
     undecided.decision = Decision("undecided", 50, 0.0, -0.2, 0.2, 0.05, "undecided")
     winner, reason = select(base, [undecided], resolution=EXACT)
-    assert winner is base and reason == "no candidate certified non-inferior; keeping the baseline"
+    assert winner is base and reason == "kept: no candidate certified non-inferior; keeping the baseline"
     assert select(base, [], resolution=EXACT)[0] is base
 
 
@@ -516,45 +694,77 @@ def test_select_takes_the_lowest_cost_certified_candidate():
     winner, reason = select(base, [certified("b", 70.0), cheapest_inferior, certified("a", 50.0)],
                             resolution=EXACT)
     assert winner.id == "a"
-    assert reason == "a: certified non-inferior (a); cost 50.0 vs baseline 100.0 (resolution 0.0)"
+    assert reason == ("faster: a: certified non-inferior (a); cost 50.0 vs baseline 100.0, lower by more than the "
+                      "resolution (0.0)")
 
 
-def test_select_breaks_ties_within_the_resolution_by_static_tokens_then_quality():
-    base = cand("baseline", 100.0, static=300)
+def certified_vs(base: Candidate, cid: str, cost: float, *, static: int = 100, gap: float = 0.0) -> Candidate:
+    """A certified candidate whose certify-record scores differ from the baseline's by ``gap``."""
+    c = certified(cid, cost, static=static)
+    c.raced = fake_report(cid, [s + gap for s in base.raced.scores])
+    return c
+
+
+def baseline_at(cost: float, static: int = 300, mean: float = 0.5) -> Candidate:
+    base = cand("baseline", cost, static=static)
+    base.raced = fake_report("baseline", [mean] * 4)
+    return base
+
+
+def test_select_breaks_ties_among_candidates_by_quality_then_static_tokens():
+    base = baseline_at(100.0)
     five = lambda a, b: 5.0  # noqa: E731
-    # 50 and 53 tie: fewer static tokens win, although the other is cheaper.
-    winner, _ = select(base, [certified("a", 50.0, static=200), certified("b", 53.0, static=150)], resolution=five)
+    # 50 and 53 tie: the higher quality wins, although the other is cheaper and shorter.
+    winner, _ = select(base, [certified_vs(base, "a", 50.0, static=100, gap=-0.02),
+                              certified_vs(base, "b", 53.0, static=150, gap=0.01)], resolution=five)
     assert winner.id == "b"
-    # Same static tokens too: the higher quality wins, in either order of cost.
+    # Same quality: fewer static tokens, in either order of cost.
     for costs in ((50.0, 53.0), (53.0, 50.0)):
-        winner, _ = select(base, [certified("lo", costs[0], mean=0.6), certified("hi", costs[1], mean=0.8)],
-                           resolution=five)
-        assert winner.id == "hi", costs
-    # Beyond the resolution, cost wins over static tokens and quality.
-    winner, _ = select(base, [certified("a", 50.0, static=200, mean=0.1), certified("b", 56.0, static=150)],
-                       resolution=five)
+        winner, _ = select(base, [certified_vs(base, "long", costs[0], static=200),
+                                  certified_vs(base, "short", costs[1], static=150)], resolution=five)
+        assert winner.id == "short", costs
+    # Beyond the resolution, cost wins over quality and static tokens.
+    winner, _ = select(base, [certified_vs(base, "a", 50.0, static=200, gap=-0.03),
+                              certified_vs(base, "b", 56.0, static=150, gap=0.1)], resolution=five)
     assert winner.id == "a"
 
 
-def test_select_against_the_baseline_within_the_resolution():
-    base = cand("baseline", 100.0, static=300)
-    five = lambda a, b: 5.0  # noqa: E731
-    winner, reason = select(base, [certified("more_static", 97.0, static=400)], resolution=five)
+def test_select_never_replaces_the_baseline_with_a_prompt_that_is_no_faster_and_worse():
+    """The defect of af0b1f5: a certified candidate predicted slower within the resolution,
+    with fewer static tokens, won against a better baseline. Within the resolution the
+    baseline now stays unless the candidate's certify-record quality is at least its own."""
+    base = baseline_at(124.4, static=398, mean=0.37)
+    res = lambda a, b: 16.9  # noqa: E731 - the TTFT model's error at this cost
+    slower_worse = certified_vs(base, "r1/fixed2", 127.6, static=205, gap=-0.065)
+    winner, reason = select(base, [slower_worse], resolution=res)
     assert winner is base
-    assert reason == ("1 candidate(s) certified non-inferior, none cheaper than the baseline beyond the "
-                      "resolution nor with fewer static tokens; keeping the baseline")
-    winner, reason = select(base, [certified("fewer_static", 97.0, static=250)], resolution=five)
-    assert winner.id == "fewer_static"
-    assert reason.endswith("cost 97.0 vs baseline 100.0 is within the resolution (5.0): a tie, broken by fewer "
-                           "static tokens (250 vs 300)")
+    assert reason.startswith("kept: 1 candidate(s) certified non-inferior (r1/fixed2 cost 127.6, quality -0.065)")
+    # The same at equal cost with quality 0.20 against 0.37 (the FINDINGS' select() probe).
+    equal_cost = certified_vs(base, "same_cost", 124.4, static=100, gap=-0.17)
+    assert select(base, [equal_cost], resolution=res)[0] is base
+    # Within the resolution and at least as good: replaced, and the reason names the clause.
+    no_worse = certified_vs(base, "no_worse", 120.0, static=250, gap=0.0)
+    winner, reason = select(base, [slower_worse, no_worse], resolution=res)
+    assert winner.id == "no_worse" and reason.startswith("tie, no worse: no_worse: ")
+    assert "within the resolution (16.9) and its quality on the certify records is at least the baseline's (+0.000)" \
+        in reason
+    # Faster beyond the resolution: replaced even at a (certified non-inferior) lower quality.
+    fast = certified_vs(base, "fast", 100.0, gap=-0.03)
+    winner, reason = select(base, [no_worse, fast], resolution=res)
+    assert winner.id == "fast" and reason.startswith("faster: fast: ")
+    # A tie more than 5% dearer than the baseline never replaces it, whatever its quality.
+    dearer = certified_vs(base, "dearer", 124.4 * 1.06, gap=0.1)
+    assert select(base, [dearer], resolution=lambda a, b: 20.0)[0] is base
 
 
 def test_select_does_not_chain_ties_past_the_resolution():
-    base = cand("baseline", 200.0, static=300)
+    base = baseline_at(200.0)
     rel = lambda a, b: 0.05 * max(a.cost, b.cost)  # noqa: E731 - 5% of the larger cost, as the optimizer
-    a, b, c = certified("a", 100.0, static=200), certified("b", 103.0, static=150), certified("c", 107.0, static=100)
+    a = certified_vs(base, "a", 100.0, static=200)
+    b = certified_vs(base, "b", 103.0, static=150)
+    c = certified_vs(base, "c", 107.0, static=100)
     winner, _ = select(base, [a, b, c], resolution=rel)
-    # a and b tie (3 < 5.15), b wins on static tokens; c is 7 above a (> 5.35): c must not win.
+    # a and b tie (3 < 5.15), b wins on static tokens (same quality); c is 7 above a (> 5.35): c must not win.
     assert winner.id == "b"
 
 
@@ -579,38 +789,48 @@ def test_budget_calls_keep_the_reserved_calls_and_the_first_reason():
     assert budget.calls_left == -10 and budget.affordable(3, 1, "any") == 0
 
 
-def test_budget_projects_time_at_the_pace_so_far(monkeypatch):
+def test_budget_time_is_a_cap_never_a_projection():
+    """A slow pace does not shrink the search (the decisions do not depend on the machine's
+    speed); only a cap that has passed stops it, and the reason says so."""
     clock = FakeClock(1000.0)
-    monkeypatch.setattr(budget_module, "time", clock)
     meter = FakeMeter()
-    budget = Budget(meter, max_calls=10**6, max_minutes=1.0, reserved_calls=5)  # deadline 1060
+    budget = Budget(meter, max_calls=10**6, max_minutes=1.0, reserved_calls=5, clock=clock.monotonic)
     assert budget.pace_s == 0.0
-    assert budget.affordable(100, 10, "steps") == 100  # no pace yet: nothing to project
-    clock.advance(20.0)
+    clock.advance(50.0)
     meter.calls = 10
-    assert budget.pace_s == 2.0
-    # 40 s left, 5 reserved calls x 2 s = 10 s kept back: 30 s / (3 calls x 2 s) = 5 steps.
-    assert budget.affordable(10, 3, "looks") == 5
-    assert budget.reason == "budget: time (1 min at 2.00 s per LM call) allowed 5 of 10 looks"
-    budget.reserved_s = 6.0
-    assert budget.affordable(10, 3, "looks") == 4  # (30 - 6) / 6
-    clock.advance(41.0)  # past the deadline
-    assert budget.affordable(1, 1, "one more") == 0
-    assert budget.reason == "budget: time (1 min at 2.00 s per LM call) allowed 5 of 10 looks"
+    assert budget.pace_s == 5.0  # 10 more calls would overrun the minute: still affordable
+    assert budget.affordable(10, 3, "looks") == 10 and budget.reason is None
+    clock.advance(11.0)  # past the cap
+    assert budget.affordable(10, 3, "looks") == 0
+    assert budget.reason == "stopped by the 1-minute cap (6.10 s per LM call) before 10 looks"
 
 
-def test_budget_restart_clock_leaves_set_up_out_of_the_pace(monkeypatch):
-    clock = FakeClock(0.0)
-    monkeypatch.setattr(budget_module, "time", clock)
-    meter = FakeMeter(calls=4)  # calls made before the search
-    budget = Budget(meter, max_calls=100, max_minutes=1.0)
-    clock.advance(30.0)  # set-up: no search calls
-    budget.restart_clock()
-    clock.advance(10.0)
-    meter.calls = 14
-    assert budget.pace_s == 1.0  # 10 calls in 10 s, not 14 calls in 40 s
-    assert budget.deadline == 90.0
-    assert budget.calls_left == 86  # calls made before the restart still count against the budget
+def test_a_race_reaches_the_same_decision_on_a_slow_machine():
+    """The same race at 0.01 s and at 2 s per record (a 200x slower engine, 23 minutes of
+    records against a 60-minute cap) certifies the same finalists at the same looks; a cap
+    that passes stops it and says after how many records."""
+    outcomes = []
+    for per_record_s, cap in ((0.01, 60.0), (2.0, 60.0), (2.0, 11.0)):
+        clock = FakeClock(0.0)
+        meter = FakeMeter()
+        ev = FakeEvaluator({"baseline": ALTERNATE, "a": as_good(), "b": [1.0] * N_POOL}, meter=meter)
+
+        def slow(cands, recs, ev=ev, clock=clock, per_record_s=per_record_s):
+            clock.advance(per_record_s * len(cands) * len(recs))
+            return ev(cands, recs)
+
+        a, b = cand("a", 10.0), cand("b", 50.0)
+        base = cand("baseline", 100.0)
+        budget = Budget(meter, max_calls=10**6, max_minutes=cap, clock=clock.monotonic)
+        race(base, [a, b], numbered_records(N_POOL), slow, budget=budget,
+             settings=RaceSettings(margin=0.05, alpha=0.1, finalists=2), resolution=EXACT)
+        outcomes.append([(c.decision.verdict, c.decision.n) for c in (a, b)])
+        last = (a, b, budget)
+    assert outcomes[0] == outcomes[1] == [("non-inferior", 400), ("non-inferior", 100)]
+    a, _, budget = last  # 11 minutes: looks 1-3 start before the cap (at 0, 300 and 600 s), look 4 at 1000 s does not
+    assert outcomes[2] == [("undecided", 200), ("non-inferior", 100)]
+    assert a.decision.reason.startswith("undecided: stopped by the 11-minute cap")
+    assert "after 200 of 400 certify records" in a.decision.reason
 
 
 # --- split_records --------------------------------------------------------------------------

@@ -40,9 +40,8 @@ from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.judges.calibration import equivalence_agreement
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.search.budget import Budget
-from promptdistill.search.racing import Candidate, RaceSettings, paired_mean, race, screen, select
+from promptdistill.search.racing import Candidate, RaceSettings, paired_mean, plan_from_screen, race, screen, select
 from promptdistill.search.references import fill_references
-from promptdistill.search.sequential import plan_records
 from promptdistill.search.splits import Splits, split_records
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import select_examples
@@ -130,7 +129,7 @@ class _Run:
         self.runner = JudgeRunner(judge_lm, seed=config.seed)
         self.max_drop = spec.slo.max_quality_drop if config.max_quality_drop is None else config.max_quality_drop
         self.settings = RaceSettings(margin=self.max_drop, alpha=config.alpha, finalists=config.finalists,
-                                     first_look=config.first_look)
+                                     first_look=config.first_look, discrete=spec.metric.discrete)
         self.per_record = judge_cost(spec, 1)
         test_calls = 2 * judge_cost(spec, len(self.splits.test))
         self.budget = Budget(self.meter, max_calls=config.max_lm_calls, max_minutes=config.max_minutes,
@@ -322,12 +321,8 @@ class _Run:
         return sum(m.prompt_tokens + m.completion_tokens for m in meters)
 
     def plan(self, finalists: Sequence[Candidate]) -> Any:
-        """What the certify pool can decide, from the finalists' discordance on the screen records."""
-        discordant = [abs(a - b) > 1e-9 for c in finalists if c.screen is not None and self.original.screen is not None
-                      for a, b in zip(c.screen.scores, self.original.screen.scores) if a is not None and b is not None]
-        share = sum(discordant) / len(discordant) if discordant else 0.2
-        return plan_records(len(self.splits.certify), discordance=share, margin=self.max_drop,
-                            alpha=self.config.alpha / max(1, len(finalists)))
+        """What the certify pool can decide, at a discordance the screen records cannot rule out."""
+        return plan_from_screen(self.original, finalists, pool=len(self.splits.certify), settings=self.settings)
 
     def held_out(self, winner: Candidate) -> dict[str, EvalReport]:
         """The original and the winner on the test records (calls reserved in the budget)."""

@@ -42,7 +42,8 @@ from promptdistill.optimize.variants import instruction_variants
 from promptdistill.search.budget import Budget
 from promptdistill.search.racing import Candidate, RaceSettings, race, screen, select
 from promptdistill.search.references import fill_references
-from promptdistill.search.sequential import Plan, plan_records
+from promptdistill.search.racing import plan_from_screen
+from promptdistill.search.sequential import Plan
 from promptdistill.search.splits import split_records
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import build_system, select_examples, spec_messages
@@ -58,9 +59,10 @@ class OptimizeBudget:
 
     max_lm_calls: int = 4000
     """Every LM request of the run (generation and judges), search and verification."""
-    max_minutes: float = 20.0
-    """Wall-clock limit of the whole run: the search shrinks so that the steps after it
-    (projected from the run's pace) still fit."""
+    max_minutes: float = 60.0
+    """Wall-clock cap of the search, a safety net: the search is sized by records and LM
+    calls, so a slower machine reaches the same decision later; a search the cap stops
+    says so in its reason."""
     screen_size: int = 16
     """Dev records that screen the grid and choose the example sets (never used to certify)."""
     dev_size: int = 400
@@ -103,10 +105,6 @@ class OptimizeBudget:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-_TIMING_COST_S = 1.5
-"""Seconds one TTFT timing request (sent alone, after a cache reset) takes here, roughly."""
 
 
 def schema_in_prompt(spec: Spec) -> Spec:
@@ -179,14 +177,13 @@ class OptimizeRun:
             self.warm_share, self.warm_share_source = ASSUMED_WARM_SHARE, "assumed"
         self.resolution_rel = ttft_model.relative_error
         self.settings = RaceSettings(margin=self.max_drop, alpha=rule.alpha, finalists=rule.finalists,
-                                     first_look=rule.first_look)
+                                     first_look=rule.first_look, discrete=spec.metric.discrete)
         splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
                                test_size=budget.test_size)
         self.splits, self.references = fill_references(self.meter, spec, splits, seed=seed)
         self.similar = SimilarExamples(spec, self.splits.train).fit() if self.splits.train else None
         self.search_budget = Budget(self.meter, max_calls=budget.max_lm_calls, max_minutes=budget.max_minutes,
-                                    reserved_calls=self.reserved_calls(),
-                                    reserved_s=_TIMING_COST_S * 4 * budget.timing_records)
+                                    reserved_calls=self.reserved_calls())
         self.notes: list[str] = []
         self.baseline: ExampleCandidate | None = None
         self.grid: list[ExampleCandidate] = []
@@ -375,13 +372,8 @@ class OptimizeRun:
              settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record)
 
     def make_plan(self) -> Plan:
-        """What the certify pool can decide, at the finalists' discordance on the screen records."""
-        base = self.baseline.screen.scores
-        discordant = [abs(a - b) > 1e-9 for c in self.finalists if c.screen is not None
-                      for a, b in zip(c.screen.scores, base) if a is not None and b is not None]
-        share = sum(discordant) / len(discordant) if discordant else 0.2
-        return plan_records(len(self.splits.certify), discordance=share, margin=self.max_drop,
-                            alpha=self.rule.alpha / max(1, len(self.finalists)))
+        """What the certify pool can decide, at a discordance the screen records cannot rule out."""
+        return plan_from_screen(self.baseline, self.finalists, pool=len(self.splits.certify), settings=self.settings)
 
     def select(self) -> tuple[ExampleCandidate, str]:
         """The winner and why (the baseline when nothing was certified)."""

@@ -10,20 +10,31 @@ search this way; only their candidates, their evaluation and their cost differ.
    ``finalists`` of them, in the order selection would prefer them. Screening only chooses
    what to race: it never certifies.
 2. **Race** (:func:`race`): the baseline and the finalists on growing batches of the
-   certify records (``looks``: 50, 100, 200, ... up to the pool). After each batch an
-   anytime-valid confidence sequence on the paired difference
-   (:mod:`promptdistill.search.sequential`) decides each finalist:
+   certify records (``looks``: 50, 100, 200, ... up to the pool, planned before any
+   record is scored). After each batch the test for the metric's kind of score
+   (:mod:`promptdistill.search.sequential`: group-sequential for discrete scores, an
+   anytime-valid confidence sequence for continuous ones) decides each finalist:
    ``non-inferior`` (a drop of ``margin`` or more ruled out), ``inferior`` (a drop of less
-   than ``margin`` ruled out), or it
-   goes on; when the pool is exhausted it is ``undecided`` (never published as a win).
-   A finalist that could no longer win (a cheaper one is certified) stops. The error rate:
-   each finalist is tested at ``alpha / finalists`` (Bonferroni over the finalists, which
-   were chosen on other records), and the bound holds over every look, so the chance
-   that *any* finalist is certified non-inferior while it is worse than the margin is at
-   most ``alpha``.
-3. **Select** (:func:`select`): among the certified finalists and the baseline, the lowest
-   cost wins; costs closer than the stage's resolution (the TTFT model's error, for
-   example) are ties, broken by fewer static tokens, then by higher quality.
+   than ``margin`` ruled out), or it goes on; when the pool is exhausted it is
+   ``undecided`` (never published as a win). A finalist that could no longer win (a
+   certified rival would be selected over it) stops. The error rate: each finalist is
+   tested at ``alpha / finalists`` (Bonferroni over the finalists, which were chosen on
+   other records), and each test holds over all of its looks, so the chance that *any*
+   finalist is certified non-inferior while it is worse than the margin is at most
+   ``alpha`` (docs/decisions.md).
+3. **Select** (:func:`select`), the one rule every stage uses:
+
+   a. *faster*: a certified candidate whose cost is lower than the baseline's by more
+      than the resolution (the TTFT model's error, for example) replaces it; among such
+      candidates the cheapest, costs within the resolution of it tie, broken by higher
+      quality on the certify records, then fewer static tokens;
+   b. *tie, no worse*: otherwise a certified candidate within the resolution of the
+      baseline (and at most ``TIE_MAX_SLOWDOWN`` dearer) replaces it only when its quality
+      on the certify records is at least the baseline's; the best such by quality, then
+      fewer static tokens;
+   c. otherwise the baseline stays. The reason always names the clause that decided.
+
+   So a published candidate is never dearer *and* worse than the baseline it replaces.
 
 Example:
     >>> looks(300, first=50)
@@ -40,7 +51,15 @@ import numpy as np
 from promptdistill.core.stats import paired_diffs
 from promptdistill.evaluate.evaluator import EvalReport
 from promptdistill.search.budget import Budget
-from promptdistill.search.sequential import confidence_sequence
+from promptdistill.search.sequential import (
+    DEFAULT_DISCORDANCE,
+    PLAN_CONFIDENCE,
+    Plan,
+    discordance_upper_bound,
+    looks,
+    make_test,
+    plan_records,
+)
 from promptdistill.specs.model import Spec
 
 __all__ = [
@@ -48,8 +67,10 @@ __all__ = [
     "Decision",
     "NON_INFERIOR",
     "RaceSettings",
+    "TIE_MAX_SLOWDOWN",
     "can_beat",
     "looks",
+    "plan_from_screen",
     "preference_order",
     "race",
     "screen",
@@ -68,6 +89,12 @@ UNDECIDED = "undecided"
 NOT_RACED = "not raced"
 STOPPED = "stopped"
 
+FASTER, TIE, KEPT = "faster", "tie, no worse", "kept"
+"""The clauses of the selection rule (see the module docstring)."""
+TIE_MAX_SLOWDOWN = 0.05
+"""Within the resolution, a candidate whose cost is more than 5% above the baseline's
+never replaces it: a tie may not hide a slowdown a service would notice."""
+
 
 @dataclass(frozen=True)
 class RaceSettings:
@@ -81,6 +108,9 @@ class RaceSettings:
     """Most candidates raced after screening (alpha is split among them)."""
     first_look: int = 50
     """Certify records of the first look; each later look doubles it, up to the pool."""
+    discrete: bool = True
+    """Scores on a small grid (0/1, shares of a few checks): the group-sequential test;
+    False (judge, python metrics): the confidence sequence."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.margin <= 1.0:
@@ -102,7 +132,8 @@ class Decision:
     diff_mean: float | None = None
     lower: float | None = None
     upper: float | None = None
-    """Anytime-valid bounds on the mean difference from the baseline (each side at ``alpha``)."""
+    """Bounds on the mean difference from the baseline (each side at ``alpha`` over all looks:
+    the repeated confidence interval of the group-sequential test, or the confidence sequence)."""
     alpha: float | None = None
     """This candidate's error rate (the race's alpha over the finalists)."""
     reason: str = ""
@@ -127,7 +158,7 @@ class Candidate:
     cost: float = 0.0
     """What selection minimises (instruction tokens, predicted TTFT in ms...)."""
     static_tokens: int = 0
-    """Tokens of the static prefix: the first tie-break (less KV cache, lower cold TTFT)."""
+    """Tokens of the static prefix: the tie-break after quality (less KV cache, lower cold TTFT)."""
     screen: EvalReport | None = None
     """On the screen records."""
     raced: EvalReport | None = None
@@ -149,29 +180,23 @@ class Candidate:
         self.lm_calls += report.lm_calls
 
 
-def looks(pool: int, *, first: int = 50) -> list[int]:
-    """Certify records seen at each look: ``first``, doubling, ending at ``pool``."""
-    if pool <= 0:
-        return []
-    sizes = [min(first, pool)]
-    while sizes[-1] < pool:
-        sizes.append(min(2 * sizes[-1], pool))
-    return sizes
-
-
 def paired_mean(candidate: EvalReport, baseline: EvalReport) -> float | None:
     """Mean of candidate - baseline over the records both scored (the first ``candidate.n``)."""
     diffs = paired_diffs(candidate.scores, baseline.scores[: candidate.n])
     return float(diffs.mean()) if diffs.size else None
 
 
-def can_beat(cand: Candidate, best: Candidate, resolution: Resolution) -> bool:
-    """Could ``cand`` be selected over ``best`` if both were certified (quality aside)?"""
+def can_beat(cand: Candidate, best: Candidate, resolution: Resolution, *, best_is_baseline: bool = False) -> bool:
+    """Could ``cand`` be selected over ``best`` if both were certified? Yes when it is
+    cheaper beyond the resolution, or within it (then quality decides); against the
+    baseline, within the resolution only if at most ``TIE_MAX_SLOWDOWN`` dearer."""
     gap = best.cost - cand.cost
     tol = resolution(cand, best)
     if gap > tol:
         return True
-    return abs(gap) <= tol and cand.static_tokens < best.static_tokens
+    if best_is_baseline and cand.cost > best.cost * (1.0 + TIE_MAX_SLOWDOWN):
+        return False
+    return abs(gap) <= tol
 
 
 def _evaluate(cands: list[Candidate], records: Sequence[Record], part: str, evaluate: Evaluate) -> None:
@@ -202,7 +227,7 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
         return []
     screened = [c for c in candidates if c.screen is not None and c.screen.n >= len(records)]
     tiers = {id(c): _screen_tier(c, baseline, settings.margin, resolution) for c in screened}
-    finalists = preference_order([c for c in screened if tiers[id(c)] == 0], resolution)
+    finalists = preference_order([c for c in screened if tiers[id(c)] == 0], resolution, baseline)
     ranked = finalists + sorted((c for c in screened if tiers[id(c)] > 0),
                                 key=lambda c: (tiers[id(c)], -_screen_diff(c, baseline), c.id))
     for cand in ranked:
@@ -221,15 +246,15 @@ def _screen_diff(cand: Candidate, base: Candidate) -> float:
 
 def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> int:
     """0: plausible and able to beat the baseline; 1: could beat it but looks worse; 2: cannot beat it."""
-    if not can_beat(cand, base, resolution):
+    if not can_beat(cand, base, resolution, best_is_baseline=True):
         return 2
     return 0 if _screen_diff(cand, base) >= -margin - 1e-12 else 1
 
 
 def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> str:
-    if not can_beat(cand, base, resolution):
+    if not can_beat(cand, base, resolution, best_is_baseline=True):
         return (f"screening: cannot beat the baseline (cost {cand.cost:.1f} vs {base.cost:.1f}, "
-                f"{cand.static_tokens} vs {base.static_tokens} static tokens)")
+                f"resolution {resolution(cand, base):.1f})")
     diff = paired_mean(cand.screen, base.screen)
     shown = "-" if diff is None else f"{diff:+.3f}"
     return f"screening: mean difference {shown} on {cand.screen.n} records is below -{margin:g}"
@@ -238,10 +263,16 @@ def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Re
 def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
          budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
          log: Callable[[str], None] = lambda message: None) -> None:
-    """Race ``finalists`` against ``baseline`` on ``records``; sets each finalist's ``decision``."""
+    """Race ``finalists`` against ``baseline`` on ``records``; sets each finalist's ``decision``.
+
+    The looks are planned from ``len(records)`` before any record is scored; a look runs
+    only when the budget (LM calls, then the wall-clock cap) covers it. A race the budget
+    cuts short says so, with the records it reached.
+    """
     if not finalists:
         return
     alpha_each = settings.alpha / len(finalists)
+    test = make_test(discrete=settings.discrete, pool=len(records), alpha=alpha_each, first_look=settings.first_look)
     alive = list(finalists)
     seen = 0
     for size in looks(len(records), first=settings.first_look):
@@ -259,50 +290,51 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
         _evaluate(([baseline] if need_base else []) + alive, new, "raced", evaluate)
         seen = size
         for cand in alive:
-            cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=False)
+            cand.decision = _decide(cand, baseline, settings.margin, alpha_each, test, final=False)
         alive = [c for c in alive if c.decision.verdict == UNDECIDED]
         log(f"race: {size} of {len(records)} certify records; " + "; ".join(
             f"{c.id} {c.decision.verdict} [{_num(c.decision.lower)}, {_num(c.decision.upper)}]" for c in finalists
             if c.raced is not None))
+    cut = f"{budget.reason} after {seen} of {len(records)} certify records" if budget.reason else None
     for cand in finalists:
         if cand.raced is None:
             if not records:
                 why = "not raced: no certify records (the dev split has only screen records)"
             elif not _still_useful(cand, baseline, finalists, resolution):
-                why = "not raced: a cheaper finalist was certified first"
+                why = "not raced: a certified rival would be selected over it"
             else:
-                why = f"not raced: {budget.reason or 'budget'}"
+                why = f"not raced: {cut or 'budget'}"
             cand.decision = Decision(NOT_RACED, alpha=alpha_each, reason=why)
         elif cand.decision.verdict == UNDECIDED:
             if not _still_useful(cand, baseline, finalists, resolution):
-                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=True, stopped=True)
+                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, test, final=True, stopped=True)
             else:
                 exhausted = cand.raced.n >= len(records)
-                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, final=True,
-                                        budget_cut=None if exhausted else budget.reason or "budget")
+                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, test, final=True,
+                                        budget_cut=None if exhausted else cut or "budget")
 
 
 def _still_useful(cand: Candidate, baseline: Candidate, finalists: Sequence[Candidate], resolution: Resolution) -> bool:
-    """False once a certified finalist (or the baseline) would be selected over ``cand``."""
-    rivals = [baseline] + [c for c in finalists if c is not cand and c.decision.certified]
-    return all(can_beat(cand, r, resolution) for r in rivals)
+    """False once a certified finalist (or the baseline) would be selected over ``cand``
+    whatever the qualities: one that is cheaper beyond the resolution."""
+    rivals = [c for c in finalists if c is not cand and c.decision.certified]
+    return (can_beat(cand, baseline, resolution, best_is_baseline=True)
+            and all(can_beat(cand, r, resolution) for r in rivals))
 
 
-def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, *, final: bool,
+def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, test: Any, *, final: bool,
             stopped: bool = False, budget_cut: str | None = None) -> Decision:
     diffs = paired_diffs(cand.raced.scores, baseline.raced.scores[: cand.raced.n])
     n = int(diffs.size)
     if n == 0:
         return Decision(UNDECIDED, 0, None, None, None, alpha, "no record scored by both")
-    lower, upper = confidence_sequence(diffs, alpha=alpha)
-    lo, hi, mean = float(lower[-1]), float(upper[-1]), float(np.mean(diffs))
-    bounds = f"[{lo:+.3f}, {hi:+.3f}] after {n} records (alpha {alpha:.3g})"
-    # The bounds are the largest mean ruled out from below and the smallest from above:
-    # certified once -margin itself is ruled out.
-    if lo >= -margin:
+    verdict, lo, hi = test.decide(diffs, margin)
+    mean = float(np.mean(diffs))
+    bounds = f"[{lo:+.3f}, {hi:+.3f}] after {n} records ({test.name}, alpha {alpha:.3g})"
+    if verdict == NON_INFERIOR:
         return Decision(NON_INFERIOR, n, mean, lo, hi, alpha, f"certified non-inferior: bounds {bounds}, "
                         f"a drop of {margin:g} or more ruled out")
-    if hi <= -margin:
+    if verdict == INFERIOR:
         return Decision(INFERIOR, n, mean, lo, hi, alpha, f"certified inferior: bounds {bounds}, "
                         f"a drop of less than {margin:g} ruled out")
     if not final:
@@ -312,47 +344,96 @@ def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, *
     elif budget_cut:
         why = f"undecided: {budget_cut}"
     else:
-        why = "undecided: the dev pool is exhausted"
+        why = "undecided: the certify pool is exhausted"
     return Decision(STOPPED if stopped else UNDECIDED, n, mean, lo, hi, alpha, f"{why}; bounds {bounds}")
 
 
-def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Candidate | None = None) -> Candidate:
-    """The one selection would take from ``pool``: the cheapest, or within the resolution of
-    it the one with the fewest static tokens, then the higher quality (then the baseline,
-    then the id: the result does not depend on the order of ``pool``)."""
+def quality_gap(cand: Candidate, baseline: Candidate) -> float | None:
+    """Candidate minus baseline mean score on the records both were scored on: the certify
+    records when raced, else the screen records."""
+    for part in ("raced", "screen"):
+        mine, theirs = getattr(cand, part), getattr(baseline, part)
+        if mine is not None and theirs is not None:
+            return paired_mean(mine, theirs)
+    return None
+
+
+def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Candidate | None) -> Candidate:
+    """The candidate selection takes from ``pool`` (the baseline not in it): the cheapest,
+    or within the resolution of it the higher quality, then fewer static tokens, then the
+    id (the result does not depend on the order of ``pool``)."""
     cheapest = min(pool, key=lambda c: (c.cost, c.static_tokens, c.id))
     ties = [c for c in pool if c.cost - cheapest.cost <= resolution(c, cheapest)]
-    return min(ties, key=lambda c: (c.static_tokens, -(c.mean if c.mean is not None else -1.0), c is not baseline,
-                                    c.id))
+
+    def quality(c: Candidate) -> float:
+        gap = quality_gap(c, baseline) if baseline is not None else None
+        value = gap if gap is not None else c.mean
+        return -2.0 if value is None else value
+
+    return min(ties, key=lambda c: (-round(quality(c), 9), c.static_tokens, c.id))
 
 
-def preference_order(cands: Sequence[Candidate], resolution: Resolution) -> list[Candidate]:
+def preference_order(cands: Sequence[Candidate], resolution: Resolution,
+                     baseline: Candidate | None = None) -> list[Candidate]:
     """``cands`` in the order selection prefers them (the preferred one, then the preferred
     of the rest, and so on)."""
     rest, out = list(cands), []
     while rest:
-        best = _preferred(rest, resolution)
+        best = _preferred(rest, resolution, baseline)
         out.append(best)
         rest.remove(best)
     return out
 
 
 def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: Resolution) -> tuple[Candidate, str]:
-    """The winner among the certified candidates and the baseline, and why, in numbers."""
+    """The winner among the certified candidates and the baseline, and why: the clause of
+    the rule that decided (see the module docstring), in numbers."""
     certified = [c for c in candidates if c.decision.certified]
     if not certified:
-        return baseline, "no candidate certified non-inferior; keeping the baseline"
-    best = _preferred([baseline, *certified], resolution, baseline)
-    if best is baseline:
-        return baseline, (f"{len(certified)} candidate(s) certified non-inferior, none cheaper than the baseline "
-                          f"beyond the resolution nor with fewer static tokens; keeping the baseline")
-    gap = baseline.cost - best.cost
-    tie = abs(gap) <= resolution(best, baseline)
-    why = (f"cost {best.cost:.1f} vs baseline {baseline.cost:.1f} is within the resolution "
-           f"({resolution(best, baseline):.1f}): a tie, broken by fewer static tokens "
-           f"({best.static_tokens} vs {baseline.static_tokens})") if tie else (
-        f"cost {best.cost:.1f} vs baseline {baseline.cost:.1f} (resolution {resolution(best, baseline):.1f})")
-    return best, f"{best.id}: {best.decision.reason}; {why}"
+        undecided = [c.decision.reason for c in candidates if c.decision.verdict in (UNDECIDED, NOT_RACED)]
+        cut = next((r for r in undecided if "budget" in r or "cap" in r), None)
+        why = "no candidate certified non-inferior"
+        return baseline, f"{KEPT}: {why}{f' ({cut})' if cut else ''}; keeping the baseline"
+    faster = [c for c in certified if baseline.cost - c.cost > resolution(c, baseline)]
+    if faster:
+        best = _preferred(faster, resolution, baseline)
+        return best, (f"{FASTER}: {best.id}: {best.decision.reason}; cost {best.cost:.1f} vs baseline "
+                      f"{baseline.cost:.1f}, lower by more than the resolution ({resolution(best, baseline):.1f})")
+    ties = [c for c in certified if can_beat(c, baseline, resolution, best_is_baseline=True)]
+    no_worse = [c for c in ties if (gap := quality_gap(c, baseline)) is not None and gap >= -1e-12]
+    if no_worse:
+        best = _preferred(no_worse, resolution, baseline)
+        return best, (f"{TIE}: {best.id}: {best.decision.reason}; cost {best.cost:.1f} vs baseline "
+                      f"{baseline.cost:.1f} is within the resolution ({resolution(best, baseline):.1f}) and its "
+                      f"quality on the certify records is at least the baseline's "
+                      f"({quality_gap(best, baseline):+.3f})")
+    shown = ", ".join(f"{c.id} cost {c.cost:.1f}, quality {_num(quality_gap(c, baseline))}" for c in certified)
+    return baseline, (f"{KEPT}: {len(certified)} candidate(s) certified non-inferior ({shown}) but none is faster "
+                      f"than the baseline ({baseline.cost:.1f}) beyond the resolution, nor within it at the "
+                      "baseline's quality or better; keeping the baseline")
+
+
+def plan_from_screen(baseline: Candidate, finalists: Sequence[Candidate], *, pool: int,
+                     settings: RaceSettings) -> Plan:
+    """What a race of ``pool`` certify records can decide for these finalists: planned at
+    the upper 90% bound of the discordance their screen records show (the squared paired
+    differences' mean: the share of discordant pairs for 0/1 scores), never at its point
+    estimate, so a quiet screen does not promise a cheap race."""
+    squares: list[float] = []
+    if baseline.screen is not None:
+        for cand in finalists:
+            if cand.screen is not None:
+                squares += (paired_diffs(cand.screen.scores, baseline.screen.scores[: cand.screen.n]) ** 2).tolist()
+    bound = discordance_upper_bound(sum(squares), len(squares))
+    if bound is None:
+        discordance, basis = DEFAULT_DISCORDANCE, "assumed: no screen pairs"
+    else:
+        discordance = bound
+        basis = (f"the upper {PLAN_CONFIDENCE:.0%} bound from {sum(squares):.3g} discordance in "
+                 f"{len(squares)} screen pairs")
+    return plan_records(pool, discordance=discordance, margin=settings.margin,
+                        alpha=settings.alpha / max(1, len(finalists)), discrete=settings.discrete,
+                        first_look=settings.first_look, basis=basis)
 
 
 def _num(value: float | None) -> str:

@@ -1,4 +1,14 @@
-"""Anytime-valid bounds on a paired quality difference, and how many records a decision needs.
+"""The race's two non-inferiority tests, and how many records a decision needs.
+
+* Discrete scores (0/1, shares of a few checks): :class:`GroupSequentialTest`, a
+  group-sequential test on the race's planned looks
+  (:mod:`promptdistill.search.group_sequential`).
+* Continuous scores (judges, python metrics): :class:`ConfidenceSequenceTest`, the
+  anytime-valid betting bound below with its bet tuned to the known pool size.
+
+:func:`plan_records` says, before a race, what margin its pool certifies with 80% power
+and how many records the spec's margin needs. The rest of this docstring is the betting
+bound.
 
 A candidate prompt and the baseline are scored on the same records; ``d_i = candidate_i -
 baseline_i`` lies in [-1, 1]. :func:`confidence_sequence` gives, after every record,
@@ -43,8 +53,21 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from scipy import optimize as sopt
+from scipy import stats
 
-__all__ = ["Plan", "confidence_sequence", "plan_records"]
+from promptdistill.search import group_sequential as gs
+
+__all__ = [
+    "ConfidenceSequenceTest",
+    "GroupSequentialTest",
+    "Plan",
+    "confidence_sequence",
+    "discordance_upper_bound",
+    "looks",
+    "make_test",
+    "plan_records",
+]
 
 _BET_CAP = 0.9
 """Largest fraction of wealth bet per record: below 1, so one adverse record never ruins the
@@ -52,18 +75,23 @@ gambler, and independent of ``m``, so the ruled-out means form an interval."""
 _GRID = np.linspace(0.0, 1.0, 801)
 
 
-def _bets(x: np.ndarray, alpha: float) -> np.ndarray:
+def _bets(x: np.ndarray, alpha: float, horizon: int | None = None) -> np.ndarray:
+    """Predictable bets: each uses the records before it only. With a ``horizon`` (the
+    pool size, known before the race) the bet is tuned to be tightest there,
+    ``sqrt(2 log(1/alpha) / (sigma^2 horizon))``, instead of shrinking with ``t log t``:
+    still valid at every t (any predictable bet is), and 15% tighter at the pool's end."""
     t = np.arange(1, x.size + 1, dtype=np.float64)
     mu = (0.5 + np.cumsum(x)) / (t + 1.0)
     var = (0.25 + np.cumsum((x - mu) ** 2)) / (t + 1.0)
     var_prev = np.concatenate(([0.25], var[:-1]))
-    return np.minimum(np.sqrt(2.0 * math.log(1.0 / alpha) / (var_prev * t * np.log1p(t))), _BET_CAP)
+    scale = t * np.log1p(t) if horizon is None else float(max(horizon, 1))
+    return np.minimum(np.sqrt(2.0 * math.log(1.0 / alpha) / (var_prev * scale)), _BET_CAP)
 
 
-def _lower_x(x: np.ndarray, alpha: float) -> np.ndarray:
+def _lower_x(x: np.ndarray, alpha: float, horizon: int | None = None) -> np.ndarray:
     """Anytime-valid lower bounds on the mean of ``x`` in [0, 1] after each observation."""
     log_threshold = math.log(1.0 / alpha)
-    bet = _bets(x, alpha)  # predictable: each uses the records before it only
+    bet = _bets(x, alpha, horizon)
     log_wealth = np.cumsum(np.log1p(bet[:, None] * (x[:, None] - _GRID[None, :])), axis=0)
     ruled_out = np.maximum.accumulate(log_wealth >= log_threshold, axis=0)
     # The wealth falls as m rises, so the ruled-out means are [0, m*]: take the largest.
@@ -71,7 +99,8 @@ def _lower_x(x: np.ndarray, alpha: float) -> np.ndarray:
     return np.where(count > 0, _GRID[np.maximum(count - 1, 0)], 0.0)
 
 
-def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+def confidence_sequence(diffs: Sequence[float], *, alpha: float,
+                        horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper bounds on the mean paired difference after each record.
 
     The lower bound is the largest mean ruled out from below (every mean at or under it
@@ -81,6 +110,7 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.nda
     Args:
         diffs: paired differences in [-1, 1], in the order the records were evaluated.
         alpha: the miscoverage of *each* side, over all t at once.
+        horizon: the pool size the bets are tuned for (None: no known end).
 
     Returns:
         (lower, upper), arrays of ``len(diffs)`` in [-1, 1].
@@ -96,10 +126,104 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float) -> tuple[np.nda
     if not np.all(np.isfinite(d)) or np.any(np.abs(d) > 1.0 + 1e-9):
         raise ValueError("paired differences must be finite and in [-1, 1]")
     x = (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
-    lower_x = _lower_x(x, alpha)
-    upper_x = 1.0 - _lower_x(1.0 - x, alpha)
+    lower_x = _lower_x(x, alpha, horizon)
+    upper_x = 1.0 - _lower_x(1.0 - x, alpha, horizon)
     # Rounded to the grid's own precision: -0.03 must read -0.03, not -0.030000000000000027.
     return np.round(2.0 * lower_x - 1.0, 9), np.round(2.0 * upper_x - 1.0, 9)
+
+
+def looks(pool: int, *, first: int = 50) -> list[int]:
+    """Certify records seen at each look: ``first``, doubling, ending at ``pool``.
+
+    Example:
+        >>> looks(300, first=50)
+        [50, 100, 200, 300]
+    """
+    if pool <= 0:
+        return []
+    sizes = [min(first, pool)]
+    while sizes[-1] < pool:
+        sizes.append(min(2 * sizes[-1], pool))
+    return sizes
+
+
+@dataclass(frozen=True)
+class GroupSequentialTest:
+    """Discrete scores: the group-sequential test on the planned looks ``looks(pool, first)``.
+
+    Each side (non-inferior, inferior) has error rate at most ``alpha`` over all looks.
+    """
+
+    pool: int
+    alpha: float
+    first_look: int = 50
+    name = "group-sequential"
+
+    def boundary(self, n: int) -> float:
+        """The z-boundary at the look after ``n`` records (a look of the plan, else ValueError)."""
+        planned = looks(self.pool, first=self.first_look)
+        if n not in planned:
+            raise ValueError(f"{n} records is not a planned look of this race ({planned})")
+        return float(gs.obf_boundaries([k / self.pool for k in planned], alpha=self.alpha)[planned.index(n)])
+
+    def verdict(self, diffs: Sequence[float], margin: float) -> str | None:
+        """'non-inferior', 'inferior' or None (go on) after ``len(diffs)`` records."""
+        c = self.boundary(len(diffs))
+        z = gs.score_statistic(diffs, -margin)
+        return "non-inferior" if z >= c else "inferior" if z <= -c else None
+
+    def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
+        """The verdict with the repeated confidence interval at this look, (verdict, lower, upper)."""
+        lower, upper = gs.repeated_interval(diffs, self.boundary(len(diffs)))
+        return self.verdict(diffs, margin), lower, upper
+
+
+@dataclass(frozen=True)
+class ConfidenceSequenceTest:
+    """Continuous scores: the betting confidence sequence, bets tuned to the pool size."""
+
+    pool: int
+    alpha: float
+    name = "confidence sequence"
+
+    def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
+        lower, upper = confidence_sequence(diffs, alpha=self.alpha, horizon=self.pool)
+        lo, hi = float(lower[-1]), float(upper[-1])
+        verdict = "non-inferior" if lo >= -margin else "inferior" if hi <= -margin else None
+        return verdict, lo, hi
+
+
+def make_test(*, discrete: bool, pool: int, alpha: float,
+              first_look: int = 50) -> GroupSequentialTest | ConfidenceSequenceTest:
+    """The race's test for this kind of score (see the module docstring)."""
+    if discrete:
+        return GroupSequentialTest(pool=pool, alpha=alpha, first_look=first_look)
+    return ConfidenceSequenceTest(pool=pool, alpha=alpha)
+
+
+PLAN_POWER = 0.8
+"""Plans say what a race achieves in 4 runs out of 5 for a candidate exactly as good as the baseline."""
+PLAN_CONFIDENCE = 0.9
+"""Plans assume the discordance at the upper 90% bound of what the screen records show."""
+DEFAULT_DISCORDANCE = 0.2
+"""Discordance assumed when nothing was measured (``promptdistill plan``'s default)."""
+
+
+def discordance_upper_bound(discordant: float, n: int, *, confidence: float = PLAN_CONFIDENCE) -> float | None:
+    """Upper Clopper-Pearson bound on the share of discordant pairs (None without pairs).
+
+    ``discordant`` may be a sum of squared differences (continuous scores): the bound on
+    ``E[d^2]``, which plays the discordance's part in the plan.
+
+    Example:
+        >>> round(discordance_upper_bound(0, 16), 3)  # none of 16 differ: still up to 13.4%
+        0.134
+    """
+    if n <= 0:
+        return None
+    if discordant >= n:
+        return 1.0
+    return float(stats.beta.ppf(confidence, discordant + 1.0, n - discordant))
 
 
 @dataclass(frozen=True)
@@ -107,7 +231,7 @@ class Plan:
     """What a spec's data can decide, before any candidate is evaluated."""
 
     pool: int
-    """Dev records available to the race."""
+    """Certify records available to the race."""
     discordance: float
     """Assumed share of records where candidate and baseline score differently."""
     alpha: float
@@ -115,49 +239,103 @@ class Plan:
     margin: float
     """The spec's allowed quality drop."""
     certifiable_margin: float
-    """The smallest margin the whole pool certifies for a candidate exactly as good as the
-    baseline, in at least half of the runs (the median lower bound's distance below 0)."""
+    """The smallest drop the whole pool certifies with 80% power for a candidate exactly
+    as good as the baseline."""
     needed: int | None
-    """Records after which half of the runs certify ``margin`` (None: beyond ``max_records``)."""
+    """Records with which the race certifies ``margin`` with 80% power (None: more than ``max_records``)."""
+    test: str = "group-sequential"
+    """Which test the race runs (group-sequential for discrete scores, confidence sequence for continuous)."""
+    basis: str = ""
+    """Where the discordance comes from (assumed, or the screen records' upper bound)."""
+    power: float = PLAN_POWER
 
     def sentence(self) -> str:
         """The plan in one line, for logs and summaries."""
-        need = f"~{self.needed} needed" if self.needed is not None else "more than the simulated maximum needed"
+        need = f"~{self.needed} records needed" if self.needed is not None else "more records than planned for"
         verdict = "can" if self.certifiable_margin <= self.margin else "cannot"
-        return (f"{self.pool} dev records {verdict} certify a drop of at most {self.margin:g} "
-                f"(certifiable margin {self.certifiable_margin:.3f} at {self.discordance:.0%} discordant pairs, "
-                f"alpha {self.alpha:.3g} per candidate; {need})")
+        basis = f", {self.basis}" if self.basis else ""
+        return (f"{self.pool} certify records {verdict} certify a drop of at most {self.margin:g} with "
+                f"{self.power:.0%} power (certifiable margin {self.certifiable_margin:.3f} at "
+                f"{self.discordance:.0%} discordant pairs{basis}; {self.test}, alpha {self.alpha:.3g} per "
+                f"candidate; {need} for {self.margin:g})")
 
 
-def plan_records(pool: int, *, discordance: float, margin: float, alpha: float, max_records: int = 5000,
-                 simulations: int = 100, seed: int = 0) -> Plan:
-    """Simulate races of a candidate exactly as good as the baseline.
+def _gs_power(delta: float, n: int, discordance: float, alpha: float, first_look: int) -> float:
+    """Power of the group-sequential test on ``n`` records at a true tie (normal approximation,
+    the null variance at its population value)."""
+    planned = looks(n, first=first_look)
+    fractions = [k / n for k in planned]
+    bounds = gs.obf_boundaries(fractions, alpha=alpha)
+    d = max(discordance, 1e-9)
+    v0 = gs.null_variance(np.array([-1.0, 0.0, 1.0]), -delta, weights=np.array([d / 2, 1.0 - d, d / 2]))
+    return gs.crossing_probability(bounds, fractions, drift=delta * math.sqrt(n / v0), scale=math.sqrt(d / v0))
+
+
+def _gs_plan(pool: int, discordance: float, margin: float, alpha: float, first_look: int,
+             max_records: int) -> tuple[float, int | None]:
+    certifiable = 1.0
+    if pool > 0 and _gs_power(0.999, pool, discordance, alpha, first_look) >= PLAN_POWER:
+        certifiable = float(sopt.brentq(lambda m: _gs_power(m, pool, discordance, alpha, first_look) - PLAN_POWER,
+                                        1e-4, 0.999, xtol=1e-5))
+    if _gs_power(margin, max_records, discordance, alpha, first_look) < PLAN_POWER:
+        return certifiable, None
+    lo, hi = 1, max_records  # power(lo) < 0.8 <= power(hi)
+    while hi - lo > max(1, hi // 200):  # to 0.5%: plenty for a plan
+        mid = (lo + hi) // 2
+        if _gs_power(margin, mid, discordance, alpha, first_look) >= PLAN_POWER:
+            hi = mid
+        else:
+            lo = mid
+    return certifiable, hi
+
+
+def _cs_plan(pool: int, discordance: float, margin: float, alpha: float, max_records: int, simulations: int,
+             seed: int) -> tuple[float, int | None]:
+    rng = np.random.default_rng(seed)
+    n = max(pool, 1)
+    certifiable = 1.0
+    if pool > 0:
+        signs = np.where(rng.random((simulations, pool)) < 0.5, -1.0, 1.0)
+        x = (np.where(rng.random((simulations, pool)) < discordance, signs, 0.0) + 1.0) / 2.0
+        drops = [-(2.0 * float(_lower_x(row, alpha, pool)[-1]) - 1.0) for row in x]
+        certifiable = max(0.0, float(np.quantile(drops, PLAN_POWER)))
+    # Records needed: when the wealth against "the drop is at least the margin" first reaches
+    # 1/alpha, run by run (bets tuned to the pool, as the race tunes them); 80% of runs by then.
+    horizon = pool if pool > 0 else max_records
+    n = max_records
+    signs = np.where(rng.random((simulations, n)) < 0.5, -1.0, 1.0)
+    x = (np.where(rng.random((simulations, n)) < discordance, signs, 0.0) + 1.0) / 2.0
+    m0 = (1.0 - margin) / 2.0
+    crossings = []
+    for row in x:
+        log_wealth = np.cumsum(np.log1p(_bets(row, alpha, horizon) * (row - m0)))
+        hit = np.flatnonzero(log_wealth >= math.log(1.0 / alpha))
+        crossings.append(int(hit[0]) + 1 if hit.size else n + 1)
+    needed = int(np.quantile(crossings, PLAN_POWER))
+    return certifiable, (needed if needed <= n else None)
+
+
+def plan_records(pool: int, *, discordance: float, margin: float, alpha: float, discrete: bool = True,
+                 first_look: int = 50, max_records: int = 20000, simulations: int = 1000, seed: int = 0,
+                 basis: str = "") -> Plan:
+    """What a race of ``pool`` certify records decides for a candidate exactly as good as the baseline.
 
     Each record is discordant with probability ``discordance`` (then +1 or -1 with equal
-    odds), else a tie. Returns the margin the pool certifies in half of the runs (the
-    median lower bound after ``pool`` records) and the records after which half of the
-    runs certify the spec's ``margin``.
+    odds), else a tie. Returns the margin the pool certifies with 80% power and the
+    records with which the spec's ``margin`` is certified with 80% power. Discrete scores
+    (the group-sequential test): computed by numerical integration, so the same inputs
+    give the same plan. Continuous scores (the confidence sequence): ``simulations`` runs
+    with a fixed seed.
     """
     if pool < 0:
         raise ValueError(f"pool must be at least 0, got {pool}")
     if not 0.0 <= discordance <= 1.0:
         raise ValueError(f"discordance must be in [0, 1], got {discordance}")
-    rng = np.random.default_rng(seed)
-    n = max(pool, max_records)
-    signs = np.where(rng.random((simulations, n)) < 0.5, -1.0, 1.0)
-    x = (np.where(rng.random((simulations, n)) < discordance, signs, 0.0) + 1.0) / 2.0
-    certifiable = 1.0
-    if pool > 0:
-        lowers = [_lower_x(row[:pool], alpha)[-1] for row in x]
-        certifiable = max(0.0, -(2.0 * float(np.median(lowers)) - 1.0))
-    # Records needed: when the wealth against "the drop is at least the margin" first
-    # reaches 1/alpha, run by run; the median run's crossing.
-    m0 = (1.0 - margin) / 2.0
-    crossings = []
-    for row in x:
-        log_wealth = np.cumsum(np.log1p(_bets(row, alpha) * (row - m0)))
-        hit = np.flatnonzero(log_wealth >= math.log(1.0 / alpha))
-        crossings.append(int(hit[0]) + 1 if hit.size else n + 1)
-    median_crossing = int(np.median(crossings))
+    if discrete:
+        certifiable, needed = _gs_plan(pool, discordance, margin, alpha, first_look, max_records)
+        test = GroupSequentialTest.name
+    else:
+        certifiable, needed = _cs_plan(pool, discordance, margin, alpha, min(max_records, 5000), simulations, seed)
+        test = ConfidenceSequenceTest.name
     return Plan(pool=pool, discordance=discordance, alpha=alpha, margin=margin, certifiable_margin=certifiable,
-                needed=median_crossing if median_crossing <= n else None)
+                needed=needed, test=test, basis=basis)

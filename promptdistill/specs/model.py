@@ -99,6 +99,13 @@ class MetricSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.fields))
 
+    @property
+    def discrete(self) -> bool:
+        """Scores on a small fixed grid (exact, numeric: 0/1; contains, json_field: shares of a
+        few checks). A race tests these with the group-sequential test; judge and python
+        scores count as continuous (an anytime-valid bound)."""
+        return self.kind in ("exact", "numeric", "contains", "json_field")
+
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set, in the shape of the YAML file."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v != () and k != "project_dir"}
