@@ -6,6 +6,8 @@
     promptdistill templates promote summarize 3 --label production [--reason "won nightly"]
     promptdistill templates rollback summarize --label production
     promptdistill templates history summarize [--label production]
+    promptdistill templates verify [summarize ...]
+    promptdistill templates repair summarize
     promptdistill templates publish summarize content.json [--label candidate] [--parent 2]
     promptdistill templates sync-mlflow [summarize ...] --tracking-uri http://mlflow:5000
 
@@ -13,6 +15,12 @@
 system prompts differ, then their clause-level diff (``promptdistill.specs.diff``, the one
 the night report shows): "system prompt: 2 clauses removed, 1 rewritten" and the text
 with the changes marked; then the metrics with their deltas.
+
+A corrupt label event takes down its own template's labels at most: ``list`` shows the
+other templates and marks the broken one, ``history`` shows the events it can read.
+``verify`` reports every problem of every template (exit 1 if any); ``repair NAME`` moves
+the template's corrupt label events into ``templates/NAME/quarantine/`` (never deleting
+them) so ``promote`` and ``rollback`` work again.
 
 publish, promote and rollback take ``--mlflow-uri URI`` to sync that template to MLflow
 right after the change (see docs/mlflow.md).
@@ -28,7 +36,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from promptdistill.core.errors import ConfigError, PromptDistillError, RegistryError
+from promptdistill.core.errors import ConfigError, IntegrityError, PromptDistillError, RegistryError
 from promptdistill.core.jsonio import TextFileError, read_text
 
 __all__ = ["register"]
@@ -101,6 +109,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--label")
     p.set_defaults(func=_history)
 
+    p = sub.add_parser("verify", parents=[common],
+                       help="check every version, label event, label and checkpoint; report every problem")
+    p.add_argument("names", nargs="*", metavar="NAME", help="templates to check (default: every template)")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("repair", parents=[common],
+                       help="move a template's corrupt label events to its quarantine folder (never deleted)")
+    p.add_argument("name")
+    p.add_argument("--actor", help="recorded in quarantine/<stamp>/why.json (default: user@host)")
+    p.set_defaults(func=_repair)
+
     p = sub.add_parser("publish", parents=[common, mirror], help="publish template content from a JSON file")
     p.add_argument("name")
     p.add_argument("content", help="JSON file with the template content")
@@ -151,14 +170,27 @@ def _labels_text(labels: dict[str, int]) -> str:
 
 def _list(args: argparse.Namespace) -> int:
     reg = _registry(args)
-    rows = []
+    rows, broken = [], []
     for name in reg.names():
-        versions = reg.versions(name)
-        rows.append([name, str(len(versions)), str(versions[-1]), _labels_text(reg.labels(name))])
+        # One broken template is marked, never hides the others.
+        versions: list[int] = []
+        try:
+            versions = reg.versions(name)
+            labels = _labels_text(reg.labels(name))
+        except IntegrityError as e:
+            broken.append(f"{name}: IntegrityError: {e}")
+            labels = "BROKEN (see templates verify)"
+        rows.append([name, str(len(versions)), str(versions[-1]) if versions else "-", labels])
     if not rows:
         print(f"no templates in {reg.root}")
         return 0
     print(_table(rows, ["NAME", "VERSIONS", "LATEST", "LABELS"]))
+    for line in broken:
+        print(line, file=sys.stderr)
+    if broken:
+        print(f"{len(broken)} template(s) broken; `promptdistill templates verify` lists every problem, "
+              "`promptdistill templates repair NAME` moves corrupt label events aside", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -196,8 +228,12 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record.to_dict(), indent=2, sort_keys=True, ensure_ascii=False))
         return 0
-    here = [k for k, v in sorted(reg.labels(record.name).items()) if v == record.version]
-    print(f"{record.ref}  labels: {', '.join(here) or '-'}  parent: {_fmt(record.parent)}")
+    try:
+        here = ", ".join(k for k, v in sorted(reg.labels(record.name).items()) if v == record.version) or "-"
+    except IntegrityError as e:  # the version itself is intact: show it, and say the labels are not
+        print(f"IntegrityError: {e}", file=sys.stderr)
+        here = "unknown (the label history is corrupt; see templates verify)"
+    print(f"{record.ref}  labels: {here}  parent: {_fmt(record.parent)}")
     print(f"published {record.created_at} by {record.actor}")
     print(f"content_hash {record.content_hash}\n")
     print("\n".join(_text(record)))
@@ -268,12 +304,20 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    events = _registry(args).history(args.name, args.label)
-    if not events:
+    from promptdistill.registry.collection import label_moves
+    from promptdistill.registry.records import check_label
+
+    reg = _registry(args)
+    scan = reg.history_scan(args.name)  # every event it can read, and why not the others
+    events = scan.events if args.label is None else label_moves(scan.events, check_label(args.label))
+    if not events and not scan.corrupt:
         print(f"no label moves for {args.name}")
         return 0
     rows, before = [], {}
+    corrupt = sorted(scan.corrupt)
     for e in events:
+        while corrupt and corrupt[0] < e.seq:
+            rows.append([str(corrupt.pop(0)), "-", "-", "-", "CORRUPT", "-", "see below"])
         # One event may move several labels (a publish): one row per label it moved.
         moved = [e.label] if args.label else [e.label] + [k for k, v in sorted(e.labels.items())
                                                           if k != e.label and before.get(k) != v]
@@ -281,8 +325,46 @@ def _history(args: argparse.Namespace) -> int:
             frm, to = (e.from_version, e.to_version) if label == e.label else (before.get(label), e.labels[label])
             rows.append([str(e.seq), e.at, label, f"{_fmt(frm)} -> {to}", e.action, e.actor, e.reason])
         before = e.labels
+    rows += [[str(seq), "-", "-", "-", "CORRUPT", "-", "see below"] for seq in corrupt]
     print(_table(rows, ["SEQ", "AT", "LABEL", "MOVE", "ACTION", "ACTOR", "REASON"]))
+    if scan.corrupt:
+        for seq in sorted(scan.corrupt):
+            print(f"IntegrityError: {scan.corrupt[seq]}", file=sys.stderr)
+        print(f"{len(scan.corrupt)} corrupt label event(s); `promptdistill templates repair {args.name}` moves them "
+              "to quarantine", file=sys.stderr)
+        return 1
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    reg = _registry(args)
+    problems = reg.verify(args.names or None)
+    if not problems:
+        names = args.names or reg.names()
+        print(f"{reg.root}: {len(names)} template(s) checked, no problems")
+        return 0
+    for p in problems:
+        print(p)
+    repairable = sorted({p.name for p in problems if p.repairable})
+    print(f"{len(problems)} problem(s) in {len({p.name for p in problems})} template(s)", file=sys.stderr)
+    for name in repairable:
+        print(f"repair label events: promptdistill templates repair {name}", file=sys.stderr)
+    return 1
+
+
+def _repair(args: argparse.Namespace) -> int:
+    reg = _registry(args)
+    report = reg.repair(args.name, actor=args.actor)
+    for where in report.moved:
+        print(f"moved to quarantine: {where}")
+    if not report.moved:
+        print(f"{args.name}: no corrupt label events")
+    print(f"{args.name} labels now: {_labels_text(report.labels)}")
+    if report.moved:
+        print("a quarantined event may have been a label move: check the labels, and promote again if needed")
+    for p in report.remaining:
+        print(f"not repaired: {p}", file=sys.stderr)
+    return 1 if report.remaining else 0
 
 
 def _read_json(path: str, what: str) -> Any:

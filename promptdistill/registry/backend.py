@@ -19,6 +19,17 @@ Keys are ``/``-joined relative paths built only from validated names. Any failur
 than "missing" or "exists" becomes ``StoreUnavailableError`` (the store could not be
 reached or refused access), which the client treats as "serve the last good copy".
 
+A local registry holds only regular files and folders inside its root. A symlink that
+leads out of the root (the root itself may be a symlink) and anything that is not a
+regular file (a FIFO, which would block a reader forever; a socket; a device) are
+refused with ``IntegrityError`` naming the path, before anything is read or written
+through them. A symlink that stays inside the root is followed.
+
+``move(key, new_key)`` moves one object aside (``templates repair`` quarantines bad label
+events with it; nothing in the registry is ever deleted): a rename locally, even of a
+FIFO or a symlink (the link itself moves, never its target); copy, then delete the
+original on an object store.
+
 A backend opened with ``must_exist=True`` (the light client, the ``templates`` CLI:
 readers that must never mistake an outage for "no such template") believes "missing"
 only from a store that is a registry: before anything is reported as not found,
@@ -40,12 +51,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import stat
 import time
 import uuid
 from abc import ABC, abstractmethod
 from typing import Any, Mapping
 
-from promptdistill.core.errors import PromptDistillError, RegistryError
+from promptdistill.core.errors import IntegrityError, PromptDistillError, RegistryError
 
 __all__ = ["DEFAULT_S3_OPTIONS", "LAYOUT", "MARKER", "Backend", "LocalBackend", "FsspecBackend", "StoreUnavailableError", "open_backend"]
 
@@ -96,6 +108,10 @@ class Backend(ABC):
     @abstractmethod
     def list(self, prefix: str) -> list[str]: ...
 
+    @abstractmethod
+    def move(self, key: str, new_key: str) -> None:
+        """Move ``key`` to ``new_key`` (which must not exist); FileNotFoundError if ``key`` is missing."""
+
     def url(self, key: str) -> str:
         """Where a key lives, for messages."""
         return f"{self.root.rstrip('/')}/{key}"
@@ -133,6 +149,15 @@ class LocalBackend(Backend):
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *[p for p in key.split("/") if p])
 
+    def _inside(self, key: str) -> str:
+        """The path of ``key``, refused if a symlink on the way leads out of the root."""
+        path = self._path(key)
+        real, root = os.path.realpath(path), os.path.realpath(self.root)
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise IntegrityError(f"{path}: a symlink leads out of the registry root {self.root} (to {real}); "
+                                 "the registry does not follow it: replace it with a folder or file inside the root")
+        return path
+
     def _check_root(self, key: str, err: OSError) -> None:
         if self.must_exist and not os.path.isdir(self.root):
             raise StoreUnavailableError(
@@ -154,16 +179,35 @@ class LocalBackend(Backend):
         self._ensured = True
 
     def read(self, key: str) -> bytes:
+        path = self._inside(key)
         try:
-            with open(self._path(key), "rb") as f:
-                return f.read()
+            # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError as e:
             self._check_root(key, e)
             raise
         except IsADirectoryError:
-            raise FileNotFoundError(self._path(key)) from None
+            raise FileNotFoundError(path) from None
         except OSError as e:
-            raise StoreUnavailableError(f"{self._path(key)}: cannot read: {e}") from e
+            if _kind(path) not in ("regular file", "folder", None):
+                raise _not_regular(path) from None  # a socket: ENXIO
+            raise StoreUnavailableError(f"{path}: cannot read: {e}") from e
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise FileNotFoundError(path)
+            if not stat.S_ISREG(mode):
+                raise _not_regular(path)
+            with os.fdopen(fd, "rb") as f:
+                fd = -1
+                return f.read()
+        except OSError as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise StoreUnavailableError(f"{path}: cannot read: {e}") from e
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     @staticmethod
     def _remove_stale_temps(folder: str) -> None:
@@ -211,7 +255,7 @@ class LocalBackend(Backend):
             os.close(fd)
 
     def create(self, key: str, data: bytes) -> None:
-        path = self._path(key)
+        path = self._inside(key)
         try:
             tmp = self._write_temp(path, data)
             try:
@@ -225,7 +269,9 @@ class LocalBackend(Backend):
         self._sync_dir(os.path.dirname(path))
 
     def replace(self, key: str, data: bytes) -> None:
-        path = self._path(key)
+        path = self._inside(key)
+        if _kind(path) not in ("regular file", None):
+            raise _not_regular(path)
         try:
             tmp = self._write_temp(path, data)
             try:
@@ -238,13 +284,33 @@ class LocalBackend(Backend):
         self._sync_dir(os.path.dirname(path))
 
     def list(self, prefix: str) -> list[str]:
+        path = self._inside(prefix)
         try:
-            return sorted(n for n in os.listdir(self._path(prefix)) if not n.startswith("."))
+            return sorted(n for n in os.listdir(path) if not n.startswith("."))
         except (FileNotFoundError, NotADirectoryError) as e:
             self._check_root(prefix, e)
             return []
         except OSError as e:
-            raise StoreUnavailableError(f"{self._path(prefix)}: cannot list: {e}") from e
+            raise StoreUnavailableError(f"{path}: cannot list: {e}") from e
+
+    def move(self, key: str, new_key: str) -> None:
+        # Only the folders are checked: the object itself may be the bad symlink or FIFO
+        # being moved aside, and os.rename moves a link, never its target.
+        path, new = self._path(key), self._inside(new_key)
+        self._inside(key.rsplit("/", 1)[0] if "/" in key else "")
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        if os.path.lexists(new):
+            raise FileExistsError(new)
+        try:
+            os.makedirs(os.path.dirname(new), exist_ok=True)
+            os.rename(path, new)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise StoreUnavailableError(f"{path}: cannot move to {new}: {e}") from e
+        self._sync_dir(os.path.dirname(path))
+        self._sync_dir(os.path.dirname(new))
 
 
 class FsspecBackend(Backend):
@@ -317,6 +383,12 @@ class FsspecBackend(Backend):
         names = (e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
         return sorted(n for n in names if n and not n.startswith("."))
 
+    def move(self, key: str, new_key: str) -> None:
+        src = self._path(key)
+        self.create(new_key, self.read(key))  # create-only: never over an earlier copy
+        self._call("remove", key, self.fs.rm_file, src)
+        self.fs.invalidate_cache(src)
+
 
 def _with_defaults(protocol: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The caller's fsspec options over the defaults for the protocol (nested config merged)."""
@@ -326,6 +398,25 @@ def _with_defaults(protocol: str, storage_options: Mapping[str, Any] | None) -> 
     options = copy.deepcopy(DEFAULT_S3_OPTIONS)
     config = {**options.pop("config_kwargs"), **dict(given.pop("config_kwargs", None) or {})}
     return {**options, **given, "config_kwargs": config}
+
+
+def _kind(path: str) -> str | None:
+    """What is at ``path`` (following symlinks), for messages; None if nothing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, name in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _not_regular(path: str) -> IntegrityError:
+    return IntegrityError(f"{path}: is a {_kind(path) or 'special file'}, not a regular file; the registry "
+                          "stores only regular files (move it aside: `promptdistill templates repair NAME` for a "
+                          "label event)")
 
 
 def _unlink_quietly(path: str) -> None:

@@ -21,6 +21,17 @@ events, so a stale checkpoint (a writer that crashed between the two writes, or 
 one) never hides a move, and a checkpoint that disagrees with the history, or names an
 event that does not exist, is ignored (the history is listed instead). A new event is
 always numbered after the last one that exists, so no gap is ever created.
+
+A corrupt event (not JSON, a wrong field, a FIFO, a symlink out of the root) takes down
+the labels of its own name at most, and only while it is the **latest** event: every
+event carries the whole label map, so the latest event alone says where the labels are.
+An older corrupt event is skipped with an error logged (only a rollback, which needs the
+whole history, refuses). A corrupt latest event leaves the labels unknown: reading them
+raises ``IntegrityError`` naming the file, and so does every label move, until
+``quarantine`` moves the bad event(s) aside (``quarantine/<stamp>/labels/history/``
+under the prefix, with a ``why.json``; nothing is deleted). The labels are then those of
+the latest event left. See docs/client.md for why the state before a corrupt latest
+event is not served instead.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNot
 from promptdistill.registry.backend import Backend, StoreUnavailableError
 from promptdistill.registry.records import LabelEvent
 
-__all__ = ["Collection", "label_moves", "label_stack", "utc_now"]
+__all__ = ["Collection", "HistoryScan", "event_seq", "label_moves", "label_stack", "utc_now"]
 
 logger = logging.getLogger("promptdistill.registry")
 
@@ -45,6 +56,14 @@ _EVENT_FILE = re.compile(r"([0-9]{1,12})\.json")
 _MAX_ATTEMPTS = 256
 
 Target = Callable[[list[LabelEvent] | None, dict[str, int]], Mapping[str, int]]
+
+
+def event_seq(file_name: str) -> int | None:
+    """The number of a label event file (``00000003.json`` -> 3); None for any other name."""
+    m = _EVENT_FILE.fullmatch(file_name)
+    if not m or int(m.group(1)) < 1 or file_name != f"{int(m.group(1)):08d}.json":
+        return None
+    return int(m.group(1))
 
 
 def utc_now() -> str:
@@ -87,13 +106,27 @@ def label_stack(events: list[LabelEvent], label: str) -> list[int]:
     return stack
 
 
-class Collection:
-    """Versions and labels of one name. ``what`` names it in messages (``template 'x'``)."""
+@dataclasses.dataclass(frozen=True)
+class HistoryScan:
+    """Every event of a history that could be read, and why the others could not."""
 
-    def __init__(self, backend: Backend, prefix: str, what: str) -> None:
+    events: list[LabelEvent]
+    """The intact events, oldest first."""
+    corrupt: dict[int, str]
+    """Event number -> the reason it was refused (the message names the file)."""
+    latest: int
+    """The number of the last event listed (0: none)."""
+
+
+class Collection:
+    """Versions and labels of one name. ``what`` names it in messages (``template 'x'``);
+    ``repair`` is the command that quarantines its bad label events, for messages."""
+
+    def __init__(self, backend: Backend, prefix: str, what: str, repair: str | None = None) -> None:
         self.backend = backend
         self.prefix = prefix
         self.what = what
+        self.repair = repair
 
     def _not_found(self, message: str) -> TemplateNotFoundError:
         """A not-found error, once the store is known to be a registry at all.
@@ -151,11 +184,11 @@ class Collection:
         raise RegistryError(f"{self.backend.url(self.prefix)}: gave up after {_MAX_ATTEMPTS} version conflicts")
 
     # ------------------------------------------------------------------- labels
-    def _event_key(self, seq: int) -> str:
+    def event_key(self, seq: int) -> str:
         return f"{self.prefix}/labels/history/{seq:08d}.json"
 
     def _read_event(self, seq: int) -> LabelEvent:
-        key = self._event_key(seq)
+        key = self.event_key(seq)
         return LabelEvent.from_bytes(self.backend.read(key), where=self.backend.url(key), seq=seq)
 
     def _checkpoint_seq(self) -> int | None:
@@ -174,10 +207,11 @@ class Collection:
         return seq
 
     def label_state(self) -> tuple[int, dict[str, int]]:
-        """(last event number, {label: version}), read from the history.
+        """(last event number, {label: version}): the labels of the latest event.
 
         Raises:
-            IntegrityError: an event is unreadable or malformed (naming the file and field).
+            IntegrityError: the latest event is unreadable or malformed (naming the file,
+                the field, and how to repair it). An older corrupt event is skipped.
         """
         hint = self._checkpoint_seq()
         seq, labels = 0, {}
@@ -189,16 +223,48 @@ class Collection:
                 logger.warning("%s: the label checkpoint names event %d, which does not exist; reading the history",
                                self.backend.url(self.prefix), hint)
                 hint = None
+            except IntegrityError as e:
+                logger.warning("%s: the label checkpoint names event %d, which is corrupt (%s); reading the history",
+                               self.backend.url(self.prefix), hint, e)
+                hint = None
         if hint is None:
-            events = self.history()
-            if events:
-                seq, labels = events[-1].seq, dict(events[-1].labels)
+            seq, labels = self._latest_listed()
         while True:  # roll forward over events written after the checkpoint
             try:
                 event = self._read_event(seq + 1)
             except FileNotFoundError:
                 return seq, labels
+            except IntegrityError as e:
+                # Corrupt, but maybe not the latest: only the latest event decides.
+                newer = self._latest_listed()
+                if newer[0] <= seq + 1:
+                    raise self._corrupt_latest(e) from None
+                logger.error("%s (an older label event of %s: skipped, the labels come from event %d; "
+                             "see `promptdistill templates verify`)", e, self.what, newer[0])
+                seq, labels = newer
+                continue
             seq, labels = event.seq, dict(event.labels)
+
+    def _event_seqs(self) -> list[int]:
+        return sorted(s for n in self.backend.list(f"{self.prefix}/labels/history") if (s := event_seq(n)))
+
+    def _latest_listed(self) -> tuple[int, dict[str, int]]:
+        """(number, labels) of the last event listed; (0, {}) if there is none."""
+        seqs = self._event_seqs()
+        if not seqs:
+            return 0, {}
+        try:
+            event = self._read_event(seqs[-1])
+        except FileNotFoundError:
+            raise IntegrityError(f"{self.backend.url(self.event_key(seqs[-1]))}: listed but not readable") from None
+        except IntegrityError as e:
+            raise self._corrupt_latest(e) from None
+        return event.seq, dict(event.labels)
+
+    def _corrupt_latest(self, error: IntegrityError) -> IntegrityError:
+        fix = f"`{self.repair}` moves it" if self.repair else "move it"
+        return IntegrityError(f"{error} (the latest label event of {self.what}: its labels are unknown until it is "
+                              f"repaired; {fix} to quarantine, and the labels are then those of the event before it)")
 
     def labels(self) -> dict[str, int]:
         return self.label_state()[1]
@@ -223,17 +289,52 @@ class Collection:
         """Every label move, oldest first.
 
         Raises:
-            IntegrityError: an event file is unreadable or malformed.
+            IntegrityError: an event file is unreadable or malformed (naming it, and the repair).
         """
-        names = self.backend.list(f"{self.prefix}/labels/history")
-        seqs = sorted(int(m.group(1)) for n in names if (m := _EVENT_FILE.fullmatch(n)) and int(m.group(1)) > 0)
-        events = []
+        scan = self.scan_history()
+        if scan.corrupt:
+            first = min(scan.corrupt)
+            fix = f"; `{self.repair}` moves it to quarantine" if self.repair else ""
+            raise IntegrityError(f"{scan.corrupt[first]} (label event {first} of {self.what}{fix})")
+        return scan.events
+
+    def scan_history(self) -> HistoryScan:
+        """Every event that can be read, and the reason for each that cannot (never raises
+        for a bad event; StoreUnavailableError if the store cannot be reached)."""
+        seqs = self._event_seqs()
+        events, corrupt = [], {}
         for s in seqs:
             try:
                 events.append(self._read_event(s))
             except FileNotFoundError:
-                raise IntegrityError(f"{self.backend.url(self._event_key(s))}: listed but not readable") from None
-        return events
+                corrupt[s] = f"{self.backend.url(self.event_key(s))}: listed but not readable"
+            except IntegrityError as e:
+                corrupt[s] = str(e)
+        return HistoryScan(events=events, corrupt=corrupt, latest=seqs[-1] if seqs else 0)
+
+    def quarantine(self, seqs: list[int], reasons: Mapping[int, str], *, actor: str) -> list[str]:
+        """Move label events aside into ``quarantine/<stamp>/`` (never deleted); return where.
+
+        Then rewrite the checkpoint from the latest event left, so it names no moved event.
+        """
+        stamp = utc_now().replace(":", "").replace("-", "")
+        folder = f"{self.prefix}/quarantine/{stamp}"
+        moved = []
+        for seq in sorted(seqs):
+            target = f"{folder}/labels/history/{seq:08d}.json"
+            self.backend.move(self.event_key(seq), target)
+            moved.append(target)
+            logger.warning("%s: moved to %s: %s", self.backend.url(self.event_key(seq)), self.backend.url(target),
+                           reasons.get(seq, "quarantined"))
+        why = {"actor": actor, "at": utc_now(), "events": {str(s): reasons.get(s, "") for s in sorted(seqs)}}
+        self.backend.create(f"{folder}/why.json", (json.dumps(why, indent=2, sort_keys=True) + "\n").encode())
+        self.rewrite_checkpoint()
+        return [self.backend.url(m) for m in moved]
+
+    def rewrite_checkpoint(self) -> None:
+        """Point ``labels.json`` at the latest event (after a repair, or to replace a bad one)."""
+        seq = self.label_state()[0]
+        self._write_checkpoint(self._read_event(seq) if seq else None)
 
     def move_labels(self, target: Target, *, action: str, actor: str, reason: str,
                     needs_history: bool = False) -> LabelEvent | None:
@@ -262,7 +363,7 @@ class Collection:
                 action=action, actor=actor, at=utc_now(), reason=reason, labels={**labels, **moves},
             )
             try:
-                self.backend.create(self._event_key(event.seq), event.to_bytes())
+                self.backend.create(self.event_key(event.seq), event.to_bytes())
             except FileExistsError:
                 continue
             self._write_checkpoint(event)
@@ -277,9 +378,11 @@ class Collection:
         assert event is not None  # one label always gives one event
         return event
 
-    def _write_checkpoint(self, event: LabelEvent) -> None:
+    def _write_checkpoint(self, event: LabelEvent | None) -> None:
+        """Point the checkpoint at ``event`` (None: no event left, seq 0)."""
         key = f"{self.prefix}/labels.json"
-        body = {"seq": event.seq, "labels": event.labels, "updated_at": event.at}
+        body = ({"seq": event.seq, "labels": event.labels, "updated_at": event.at} if event is not None
+                else {"seq": 0, "labels": {}, "updated_at": utc_now()})
         data = (json.dumps(body, sort_keys=True, indent=2) + "\n").encode()
         try:
             self.backend.replace(key, data)

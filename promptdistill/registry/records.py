@@ -254,6 +254,13 @@ def _load(data: bytes, where: str) -> dict[str, Any]:
     return value
 
 
+def _check_stored_version(value: Any, where: str) -> None:
+    """A stored ``version`` must be a JSON integer: ``2.0`` equals 2 in Python, and would be
+    served as ``name:2.0``; ``true`` equals 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise IntegrityError(f"{where}: version: must be an integer, got {value!r}")
+
+
 def _pretty(value: Mapping[str, Any]) -> bytes:
     return (json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
@@ -320,7 +327,8 @@ class VersionRecord:
         extra = sorted(set(value) - names)
         if extra:
             raise IntegrityError(f"{where}: unexpected field(s) {extra}")
-        if value["name"] != name or value["version"] != version or isinstance(value["version"], bool):
+        _check_stored_version(value["version"], where)
+        if value["name"] != name or value["version"] != version:
             raise IntegrityError(f"{where}: holds {value['name']!r}:{value['version']!r}, expected {name}:{version}")
         types = {"parent": (int, type(None)), "created_at": str, "actor": str, "content": dict, "provenance": dict,
                  "metrics": dict, "content_hash": str, "record_hash": str, "format": str}
@@ -439,6 +447,7 @@ class ArtifactRecord:
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str, kind: str, name: str, version: int) -> "ArtifactRecord":
         value = _load(data, where)
+        _check_stored_version(value.get("version"), where)
         try:
             record = cls(**{**value, "record_hash": value.get("record_hash") or "-"})
         except TypeError as e:

@@ -10,8 +10,10 @@ Layout under the root (a folder, or any fsspec URL such as ``s3://bucket/prompts
     artifacts/<kind>/<name>/blobs/sha256-<hex>  the manifest's files, content-addressed
     runs/<run_id>/<part>.parquet                run logs, written once
 
-Nothing is ever overwritten except the label checkpoint. See ``collection`` for how
-concurrent publishers and label moves stay safe without locks.
+Nothing is ever overwritten except the label checkpoint, and nothing is deleted:
+``repair`` moves corrupt label events aside into ``templates/<name>/quarantine/``. See
+``collection`` for how concurrent publishers and label moves stay safe without locks, and
+what a corrupt label event takes down (its own template's labels, at most).
 
 The label ordering rule:
 
@@ -41,11 +43,11 @@ import os
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
-from promptdistill.registry.backend import Backend, open_backend
-from promptdistill.registry.collection import Collection, label_moves, label_stack, utc_now
+from promptdistill.registry.backend import Backend, StoreUnavailableError, open_backend
+from promptdistill.registry.collection import Collection, HistoryScan, label_moves, label_stack, utc_now
 from promptdistill.registry.hashing import content_hash, sha256_hex, to_json_value
 from promptdistill.registry.records import (
     ArtifactRecord,
@@ -57,6 +59,9 @@ from promptdistill.registry.records import (
     check_version,
     parse_ref,
 )
+
+if TYPE_CHECKING:
+    from promptdistill.registry.verify import Problem, RepairReport
 
 __all__ = ["ANY_VERSION", "Registry", "code_provenance", "default_actor"]
 
@@ -127,16 +132,29 @@ class Registry:
         return f"Registry({self.root!r})"
 
     def _templates(self, name: str) -> Collection:
-        return Collection(self.backend, f"templates/{check_name(name)}", f"template {name!r}")
+        return Collection(self.backend, f"templates/{check_name(name)}", f"template {name!r}",
+                          repair=f"promptdistill templates repair {name}")
 
     # ------------------------------------------------------------------ reading
     def names(self) -> list[str]:
-        """Template names that have at least one version.
+        """Template names that have at least one version, or whose versions cannot be listed
+        (a broken template is listed, so that reading it says what is wrong). A folder whose
+        name is not a template name is skipped, with a warning.
 
         Raises:
             StoreUnavailableError: the root is unreachable, or (``must_exist``) holds no registry.
         """
-        found = [n for n in self.backend.list("templates") if self._templates(n).versions()]
+        found = []
+        for n in self.backend.list("templates"):
+            try:
+                if self._templates(n).versions():
+                    found.append(n)
+            except IntegrityError:
+                found.append(n)
+            except RegistryError as e:
+                if isinstance(e, StoreUnavailableError):
+                    raise
+                logger.warning("%s: skipped, not a template: %s", self.backend.url(f"templates/{n}"), e)
         if not found:
             self.backend.check_available()  # an empty mount point is not "no templates"
         return found
@@ -178,6 +196,11 @@ class Registry:
         (an event that moved several labels shows as this label's move)."""
         events = self._templates(name).history()
         return events if label is None else label_moves(events, check_label(label))
+
+    def history_scan(self, name: str) -> HistoryScan:
+        """Every label event of a template that can be read, and why each other one cannot
+        (``history`` raises on the first corrupt event instead)."""
+        return self._templates(name).scan_history()
 
     # ------------------------------------------------------------------ writing
     def publish(
@@ -226,7 +249,10 @@ class Registry:
 
         version = coll.create_version(build)
         if labels:
-            self._move_forward(coll, labels, version, actor=actor, reason=reason or "published")
+            try:
+                self._move_forward(coll, labels, version, actor=actor, reason=reason or "published")
+            except IntegrityError as e:
+                raise IntegrityError(f"published {name}:{version}, but did not set {', '.join(labels)}: {e}") from None
         return records[version]
 
     def set_labels(self, name: str, labels: Iterable[str], version: int, *, actor: str | None = None,
@@ -312,6 +338,22 @@ class Registry:
 
         return coll.move_label(label, target, action="rollback", actor=actor or default_actor(),
                                reason=reason, needs_history=True)
+
+    def verify(self, names: Iterable[str] | None = None) -> list[Problem]:
+        """Every problem of the templates ``names`` (default: all), without changing anything.
+
+        See ``promptdistill.registry.verify`` for what is checked.
+        """
+        from promptdistill.registry.verify import verify_templates
+
+        return verify_templates(self, names)
+
+    def repair(self, name: str, *, actor: str | None = None) -> RepairReport:
+        """Move the corrupt label events of ``name`` to quarantine, so its labels can be read
+        and moved again; rewrite its checkpoint. Versions are never moved."""
+        from promptdistill.registry.verify import repair_template
+
+        return repair_template(self, name, actor=actor or default_actor())
 
     # ---------------------------------------------------------------- artifacts
     def _artifacts(self, kind: str, name: str) -> Collection:
