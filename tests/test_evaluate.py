@@ -11,7 +11,7 @@ from fakes import FakeEngine
 from promptdistill.distill.clauses import apply_clauses, split_clauses
 from promptdistill.evaluate import EvalItem, evaluate, evaluate_many, judge_cost
 from promptdistill.judges.runner import JudgeRunner
-from promptdistill.specs import spec_messages
+from promptdistill.specs import MetricSpec, spec_messages
 
 RECORDS = [
     {"id": "r1", "inputs": {"ticket": "I was charged twice"}, "expected": {"label": "billing"}},
@@ -103,12 +103,18 @@ def test_replies_cut_at_max_tokens_are_flagged_truncated():
 
 def test_judge_cost_counts_every_judge_repair():
     assert judge_cost(load_spec("ticket_triage"), 10) == 10
-    assert judge_cost(load_spec("summarize"), 10) == 30  # generation + rubric judge with one repair
+    assert judge_cost(_judged_summarize(), 10) == 30  # generation + rubric judge with one repair
+    assert judge_cost(load_spec("summarize"), 10) == 10  # its bundled metric is a python function
     assert judge_cost(load_spec("ticket_triage"), 10, with_equivalence=True) == 50  # + both orders, repaired
 
 
+def _judged_summarize():
+    """summarize with the rubric judge its YAML offers as the alternative to its python metric."""
+    return load_spec("summarize").with_changes(metric=MetricSpec(kind="judge_rubric", rubric="Score the summary."))
+
+
 def test_judge_rubric_specs_are_scored_by_the_rubric_judge():
-    spec = load_spec("summarize")
+    spec = _judged_summarize()
     records = [{"id": "s1", "inputs": {"notes": "We chose Berlin."}, "expected": {"summary": "Berlin."}}] * 2
 
     def reply(req):
@@ -125,7 +131,7 @@ def test_judge_rubric_specs_are_scored_by_the_rubric_judge():
 
 
 def test_a_judge_that_stays_invalid_leaves_the_record_unscored():
-    spec = load_spec("summarize")
+    spec = _judged_summarize()
     records = [{"id": "s1", "inputs": {"notes": "n"}, "expected": {"summary": "x"}}]
 
     def reply(req):

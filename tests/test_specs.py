@@ -100,9 +100,9 @@ def test_at_least_five_bundled_tasks_cover_the_metric_kinds():
     specs = load_specs(PROMPTS)
     assert len(specs) >= 5
     kinds = {s.metric.kind for s in specs}
-    assert {"exact", "json_field", "numeric", "judge_rubric"} <= kinds
+    assert {"exact", "json_field", "numeric", "python"} <= kinds
     assert any(s.metric.pattern for s in specs)  # a format-rules task
-    summarize = next(s for s in specs if s.metric.kind == "judge_rubric")
+    summarize = next(s for s in specs if s.metric.kind == "python")
     assert set(summarize.output_schema["required"]) == {"summary", "key_points", "confidence_score"}
 
 
@@ -150,6 +150,10 @@ def test_save_spec_round_trips(tmp_path, name):
     spec = load_spec(name, prompts_dir=PROMPTS)
     (tmp_path / "datasets").mkdir()
     (tmp_path / "datasets" / spec.dataset.name).write_bytes(spec.dataset.read_bytes())
+    if spec.metric.function:  # a python metric's module travels with its spec (its source is hashed)
+        module = Path(*spec.metric.function.partition(":")[0].split(".")).with_suffix(".py")
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_bytes((PROMPTS.parent / module).read_bytes())
     path = save_spec(spec, tmp_path / "prompts" / f"{name}.yaml")
     assert validate_spec_file(path) == []
     again = load_spec(path)

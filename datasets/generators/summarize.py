@@ -3,8 +3,12 @@
 Notes are assembled from facts drawn first: one status update, one problem, one
 decision and two action items (each with an owner and a day), mixed with filler
 sentences that are not key points. The reference summary and key points are written
-from the same facts, so they are complete and faithful by construction; the judge
-(metric ``judge_rubric``) compares replies against them.
+from the same facts, so they are complete and faithful by construction.
+
+``expected`` also keeps the facts themselves (``facts``: status, problem, decision, the
+action items with owner and deadline, and the small-talk sentences), which the spec's
+metric (``prompts/summarize_metric.py``) looks for in a reply. Few-shot examples show only
+the output schema's keys, so ``facts`` never reaches a prompt.
 """
 
 from __future__ import annotations
@@ -81,6 +85,13 @@ def draw(r: random.Random) -> tuple[dict, dict]:
             f"{p2} will {a2} by {d2}.",
         ],
         "confidence_score": 0.9,
+        "facts": {
+            "status": {"owner": p1, "thing": thing, "day": d0},
+            "problem": {"owner": p2, "text": problem},
+            "decision": decision,
+            "actions": [{"owner": p3, "task": a1, "deadline": d1}, {"owner": p2, "task": a2, "deadline": d2}],
+            "small_talk": filler,
+        },
     }
     return {"notes": text}, expected
 

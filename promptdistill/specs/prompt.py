@@ -111,8 +111,15 @@ def example_values(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def format_example(spec: Spec, record: Mapping[str, Any]) -> str:
-    """One few-shot example as text (objects in ``expected`` are written as JSON)."""
+    """One few-shot example as text (objects in ``expected`` are written as JSON).
+
+    An object ``expected`` shows only the output schema's properties: the example is the
+    reply the model should give, and other keys are the metric's (summarize's ``facts``).
+    """
     fmt = spec.examples.format or default_example_format(spec.inputs)
+    expected, props = record["expected"], (spec.output_schema or {}).get("properties")
+    if isinstance(expected, Mapping) and isinstance(props, Mapping) and props:
+        record = {**record, "expected": {k: v for k, v in expected.items() if k in props}}
     return render_text(fmt, example_values(record)).strip()
 
 
