@@ -150,35 +150,37 @@ def test_the_run_never_exceeds_its_lm_call_budget(triage, budget):
         assert result.stop_reason.startswith("budget")
 
 
-def test_the_time_budget_stops_the_search(triage):
+def test_the_time_cap_stops_the_search_and_says_so(triage):
     spec, splits = triage
     result = distill(triage_engine(records(splits)), spec, config=small(max_minutes=1e-9, calibrate=False),
                      splits=splits)
-    assert result.stop_reason.startswith("budget: time")
+    assert result.stop_reason.startswith("stopped by the 1e-09-minute cap")
     assert result.search_lm_calls == 0 and result.winner is result.original
 
 
-def test_the_time_budget_is_kept_by_projection(triage, monkeypatch):
-    """Steps that would end after the deadline (at the seconds per call seen) do not start.
-
-    A fake clock that advances one second per LM call makes this exact: a 60-second budget
-    holds at most 60 calls, whatever the machine's speed.
-    """
+def test_a_slower_engine_reaches_the_same_result(triage, monkeypatch):
+    """Time is a cap, never a projection: at 1 s per LM call (a fake clock) the search makes
+    the same candidates and decisions as at 1 ms, within a cap it does not reach. At
+    af0b1f5 the 1 s pace shrank the search to what the minutes projected."""
     spec, splits = triage
-    clock = {"now": 1000.0}
-    monkeypatch.setattr("promptdistill.search.budget.time.monotonic", lambda: clock["now"])
-    engine = triage_engine(records(splits))
-    reply = engine.reply
+    outcomes = []
+    for per_call_s in (0.001, 1.0):
+        clock = {"now": 1000.0}
+        monkeypatch.setattr("promptdistill.search.budget.time.monotonic", lambda: clock["now"])
+        engine = triage_engine(records(splits))
+        reply = engine.reply
 
-    def timed(req):
-        clock["now"] += 1.0
-        return reply(req)
+        def timed(req, reply=reply, clock=clock, per_call_s=per_call_s):
+            clock["now"] += per_call_s
+            return reply(req)
 
-    engine.reply = timed
-    result = distill(engine, spec, config=small(max_minutes=1.0, test_size=0, calibrate=False, max_rounds=5),
-                     splits=split_records(spec, seed=0, **{**SIZES, "test_size": 0}))
-    assert result.stop_reason.startswith("budget: time (1 min at 1.00 s per LM call)")
-    assert 0 < engine.calls <= 60
+        engine.reply = timed
+        result = distill(engine, spec, config=small(max_minutes=600.0, test_size=0, calibrate=False, max_rounds=2),
+                         splits=split_records(spec, seed=0, **{**SIZES, "test_size": 0}))
+        outcomes.append((result.winner.id, result.reason, result.stop_reason, engine.calls,
+                         [c.id for c in result.candidates]))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[1][3] > 60  # more calls than a projected 1-minute-per-60-calls budget would have allowed
 
 
 def test_same_seed_same_result_and_files(triage, tmp_path):

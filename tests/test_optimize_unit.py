@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from bundled_specs import PROMPTS, load_spec
-from fakes import FAKE_IDENTITY, FakeEngine, FakeServerEngine
+from fakes import FAKE_IDENTITY, FakeEngine, FakeServerEngine, fake_report
 from promptdistill.core.stats import bootstrap_ci
 from promptdistill.engine.meter import CallMeter
 from promptdistill.optimize import (
@@ -316,27 +316,32 @@ def test_the_rule_kind_chooses_the_prediction_that_is_the_cost(triage, kind):
     assert cand.cost == cand.prediction[f"ttft_{kind}_ms"] == cand.ttft(kind)
 
 
-def test_the_resolution_is_the_ttft_models_error_and_ties_go_to_fewer_static_tokens(triage):
+def test_the_resolution_is_the_ttft_models_error_and_a_tie_needs_the_baselines_quality(triage):
     spec, _, _ = triage
     run = OptimizeRun(FakeEngine(), spec, ttft_model(mape=0.05), SMALL, 0, SelectionRule(), None)
     assert run.resolution_rel == 0.05
     assert OptimizeRun(FakeEngine(), spec, ttft_model(), SMALL, 0, SelectionRule(), None).resolution_rel == 0.1
     base = ExampleCandidate(id="baseline", spec=spec, cost=200.0, static_tokens=300)
+    base.raced = fake_report("baseline", [1.0, 0.0, 1.0, 0.0])
 
-    def certified(cid, cost, static):
+    def certified(cid, cost, static, scores):
         c = ExampleCandidate(id=cid, spec=spec, cost=cost, static_tokens=static)
-        c.decision = Decision("non-inferior", 50, 0.0, -0.01, 0.01, 0.05, "certified")
+        c.raced = fake_report(cid, scores)
+        c.decision = Decision("non-inferior", 4, 0.0, -0.01, 0.01, 0.05, "certified")
         return c
 
-    assert run.resolution(base, certified("x", 190.0, 1)) == 10.0  # 5% of the larger prediction
-    # 192 ms is within 5% of 200 ms: a tie with the baseline, which has fewer static tokens.
-    winner, reason = select(base, [certified("close_but_longer", 192.0, 350)], resolution=run.resolution)
-    assert winner is base and "none cheaper than the baseline beyond the resolution" in reason
-    winner, reason = select(base, [certified("close_and_shorter", 192.0, 250)], resolution=run.resolution)
-    assert winner.id == "close_and_shorter" and "a tie, broken by fewer static tokens (250 vs 300)" in reason
-    # 180 ms is more than 5% below: cheaper beyond the resolution, static tokens do not matter.
-    winner, _ = select(base, [certified("faster", 180.0, 900)], resolution=run.resolution)
-    assert winner.id == "faster"
+    assert run.resolution(base, certified("x", 190.0, 1, [0.0] * 4)) == 10.0  # 5% of the larger prediction
+    # 192 ms is within 5% of 200 ms: a tie with the baseline; fewer static tokens do not
+    # make up for lower quality, the same quality does.
+    winner, reason = select(base, [certified("shorter_worse", 192.0, 250, [1.0, 0.0, 0.0, 0.0])],
+                            resolution=run.resolution)
+    assert winner is base and reason.startswith("kept: ")
+    winner, reason = select(base, [certified("shorter_same", 192.0, 250, [1.0, 0.0, 1.0, 0.0])],
+                            resolution=run.resolution)
+    assert winner.id == "shorter_same" and reason.startswith("tie, no worse: ")
+    # 180 ms is more than 5% below: faster beyond the resolution, static tokens do not matter.
+    winner, reason = select(base, [certified("faster", 180.0, 900, [1.0, 0.0, 0.0, 0.0])], resolution=run.resolution)
+    assert winner.id == "faster" and reason.startswith("faster: ")
 
 
 # --- plumbing on the FakeEngine (not a claim about the real model) ---------------------------
@@ -390,7 +395,7 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     best = finalists.sort_values("ttft_expected_ms").iloc[:2]
     assert result.winner_id == best["candidate_id"].iloc[0] == "short/none"
     assert best["ttft_expected_ms"].iloc[1] > 1.02 * best["ttft_expected_ms"].iloc[0]
-    assert not result.kept_baseline and result.reason.startswith("short/none: certified non-inferior")
+    assert not result.kept_baseline and result.reason.startswith("faster: short/none: certified non-inferior")
     # Per-request examples: never finalists by default, and their static prefix is not cached.
     assert not df[df["strategy"] == "similar"]["finalist"].any()
     trade = result.tradeoff.set_index(["strategy", "k"])
@@ -417,7 +422,7 @@ def test_optimize_writes_tables_json_and_plot(fake_run, tmp_path):
     assert saved["metrics"]["winner_max_tokens"] == result.token_budget.max_tokens
     assert saved["plan_text"] == result.plan.sentence()
     summary = result.to_summary()
-    assert "Winner: short/none" in summary and "Plan: 50 dev records" in summary
+    assert "Winner: short/none" in summary and "Plan: 50 certify records" in summary
     assert "80% of requests warm (assumed)" in summary
 
 

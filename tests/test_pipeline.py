@@ -417,9 +417,42 @@ def test_budget_presets_build_the_flow_parameters():
         assert isinstance(preset["ttft_budget"], budgets.TTFTBudget)
         assert isinstance(preset["distill"], DistillConfig) and isinstance(preset["budget"], OptimizeBudget)
     smoke, quick = budgets.budget_preset("smoke"), budgets.budget_preset("quick")
-    assert smoke["budget"].max_lm_calls < quick["budget"].max_lm_calls < OptimizeBudget().max_lm_calls
+    assert smoke["budget"].max_lm_calls < quick["budget"].max_lm_calls <= OptimizeBudget().max_lm_calls
+    assert smoke["budget"].dev_size < quick["budget"].dev_size
     with pytest.raises(ValueError, match="unknown budget preset 'huge'; known: smoke, quick, full"):
         budgets.budget_preset("huge")
+
+
+def test_a_deployed_night_races_exactly_once():
+    """Every way a night starts takes its stage settings from one preset, and in every
+    preset the distiller only proposes: the optimizer's race is the night's one race. At
+    af0b1f5 the deployment ran the flow's own defaults, whose DistillConfig() raced too."""
+    import inspect
+
+    import yaml
+
+    from promptdistill.cli.init import PREFECT
+    from promptdistill.flows.nightly import nightly
+    from promptdistill.flows.optimize_prompt import optimize_prompt
+
+    def races(settings: dict) -> int:
+        distill = settings["distill"]
+        return 1 + int(distill is not None and distill.race)  # the optimizer always races
+
+    flows = {"nightly": nightly, "optimize-prompt": optimize_prompt}
+    for source in (Path("prefect.yaml").read_text(), PREFECT.format(name='"p"')):
+        for deployment in yaml.safe_load(source)["deployments"]:
+            if deployment["name"] not in flows:
+                continue
+            default = inspect.signature(flows[deployment["name"]].fn).parameters["preset"].default
+            preset = (deployment.get("parameters") or {}).get("preset", default)
+            assert races(budgets.stage_settings(preset)) == 1, deployment["name"]
+    for name in budgets.BUDGET_PRESETS:
+        assert races(budgets.stage_settings(name)) == 1, name
+    # An explicit setting replaces the preset's, the rest stays.
+    own = budgets.stage_settings("quick", budget=budgets.budget_preset("smoke")["budget"])
+    assert own["budget"].dev_size == 12 and own["distill"] == budgets.budget_preset("quick")["distill"]
+    assert budgets.stage_settings("quick", distill_instructions=False)["distill"] is None
 
 
 def test_nightly_command_line():

@@ -806,31 +806,53 @@ def test_budget_time_is_a_cap_never_a_projection():
 
 
 def test_a_race_reaches_the_same_decision_on_a_slow_machine():
-    """The same race at 0.01 s and at 2 s per record (a 200x slower engine, 23 minutes of
-    records against a 60-minute cap) certifies the same finalists at the same looks; a cap
-    that passes stops it and says after how many records."""
+    """The quick preset's race (984 certify records, two finalists, its optimizer's cap) at
+    0.01 s and at 0.5 s per evaluated record (a 50x slower engine: 25 minutes of records)
+    certifies the same finalists at the same looks. At af0b1f5 the quick preset's 6 minutes
+    were projected at the pace seen, and the slow race stopped early. A cap that does pass
+    stops the race and says after how many records."""
+    from promptdistill.pipeline.budgets import budget_preset
+
+    quick = budget_preset("quick")
+    pool = quick["budget"].dev_size - quick["budget"].screen_size
+    base_scores = [float(i % 2 == 0) for i in range(pool)]
+    as_good_long = [1.0 - b if i % 10 in (1, 6) else b for i, b in enumerate(base_scores)]
+    settings = RaceSettings(margin=0.05, alpha=quick["selection"].alpha, finalists=2)
     outcomes = []
-    for per_record_s, cap in ((0.01, 60.0), (2.0, 60.0), (2.0, 11.0)):
+    for per_record_s, cap in ((0.01, quick["budget"].max_minutes), (0.5, quick["budget"].max_minutes), (0.5, 6.0)):
         clock = FakeClock(0.0)
         meter = FakeMeter()
-        ev = FakeEvaluator({"baseline": ALTERNATE, "a": as_good(), "b": [1.0] * N_POOL}, meter=meter)
+        ev = FakeEvaluator({"baseline": base_scores, "a": as_good_long, "b": [1.0] * pool}, meter=meter)
 
         def slow(cands, recs, ev=ev, clock=clock, per_record_s=per_record_s):
             clock.advance(per_record_s * len(cands) * len(recs))
             return ev(cands, recs)
 
         a, b = cand("a", 10.0), cand("b", 50.0)
-        base = cand("baseline", 100.0)
-        budget = Budget(meter, max_calls=10**6, max_minutes=cap, clock=clock.monotonic)
-        race(base, [a, b], numbered_records(N_POOL), slow, budget=budget,
-             settings=RaceSettings(margin=0.05, alpha=0.1, finalists=2), resolution=EXACT)
+        budget = Budget(meter, max_calls=quick["budget"].max_lm_calls, max_minutes=cap, clock=clock.monotonic)
+        race(cand("baseline", 100.0), [a, b], numbered_records(pool), slow, budget=budget, settings=settings,
+             resolution=EXACT)
         outcomes.append([(c.decision.verdict, c.decision.n) for c in (a, b)])
-        last = (a, b, budget)
-    assert outcomes[0] == outcomes[1] == [("non-inferior", 400), ("non-inferior", 100)]
-    a, _, budget = last  # 11 minutes: looks 1-3 start before the cap (at 0, 300 and 600 s), look 4 at 1000 s does not
-    assert outcomes[2] == [("undecided", 200), ("non-inferior", 100)]
-    assert a.decision.reason.startswith("undecided: stopped by the 11-minute cap")
-    assert "after 200 of 400 certify records" in a.decision.reason
+        last = a
+    assert outcomes[0] == outcomes[1] == [("non-inferior", 800), ("non-inferior", 100)]
+    # A 6-minute cap (the old quick budget, now only as a cap): the looks starting at 0, 75,
+    # 150 and 250 s run, the one at 450 s does not.
+    assert outcomes[2] == [("undecided", 400), ("non-inferior", 100)]
+    assert last.decision.reason.startswith("undecided: stopped by the 6-minute cap")
+    assert f"after 400 of {pool} certify records" in last.decision.reason
+
+
+def test_budget_restart_clock_leaves_set_up_out_of_the_pace():
+    clock = FakeClock(0.0)
+    meter = FakeMeter(calls=4)  # calls made before the search
+    budget = Budget(meter, max_calls=100, max_minutes=1.0, clock=clock.monotonic)
+    clock.advance(30.0)  # set-up: no search calls
+    budget.restart_clock()
+    clock.advance(10.0)
+    meter.calls = 14
+    assert budget.pace_s == 1.0  # 10 calls in 10 s, not 14 calls in 40 s
+    assert budget.deadline == 90.0
+    assert budget.calls_left == 86  # calls made before the restart still count against the budget
 
 
 # --- split_records --------------------------------------------------------------------------

@@ -18,16 +18,21 @@ sys.path.insert(0, str(ROOT))
 from promptdistill.specs.datasets import write_records  # noqa: E402
 
 SPLIT_SIZES = {"train": 100, "dev": 400, "test": 200}
-"""Sized so a race can certify a few-point margin on the embedded model: 400 dev records
-(16 screen, the rest a certify pool) and 200 held-out test records (a 95% interval of
-about +-0.07 on a mean score)."""
-TOTAL = sum(SPLIT_SIZES.values())
+"""The first 700 records, as the datasets were first published: 100 train (the example
+pool the bundled prompts' examples come from), 400 dev, 200 held-out test (a 95% interval
+of about +-0.07 on a mean score)."""
+EXTRA_DEV = 600
+"""Dev records appended after them, so the first 700 (and so every prompt's examples and
+the test split) stay as they were: 1,000 dev records in all, 16 screen and 984 a race's
+certify pool, which is what ``promptdistill plan`` asks for a 0.05 margin at 30-40%
+discordant pairs (group-sequential test, 80% power)."""
+TOTAL = sum(SPLIT_SIZES.values()) + EXTRA_DEV
 
 
 def assign_splits(prefix: str, items: Iterable[tuple[Mapping, object]]) -> list[dict]:
-    """Number records ``<prefix>-0001``... and give the first ``SPLIT_SIZES["train"]`` to train, then dev, then test."""
+    """Number records ``<prefix>-0001``... and split them: train, dev, test (``SPLIT_SIZES``), then ``EXTRA_DEV`` more dev."""
     out = []
-    order = [s for s, n in SPLIT_SIZES.items() for _ in range(n)]
+    order = [s for s, n in [*SPLIT_SIZES.items(), ("dev", EXTRA_DEV)] for _ in range(n)]
     for i, ((inputs, expected), split) in enumerate(zip(items, order), start=1):
         out.append({"id": f"{prefix}-{i:04d}", "split": split, "inputs": dict(inputs), "expected": expected})
     if len(out) != len(order):

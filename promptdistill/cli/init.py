@@ -79,6 +79,7 @@ deployments:
         active: true
     concurrency_limit: 1
     parameters:
+      preset: full
       allow_promotion: true
     work_pool: *local_pool
 

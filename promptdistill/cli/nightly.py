@@ -74,13 +74,11 @@ def _nightly(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     """Run the flow with the progress display on ``terminal``; returns (outcome, final state)."""
     from promptdistill.flows.nightly import nightly
-    from promptdistill.pipeline.budgets import budget_preset
+    from promptdistill.pipeline.budgets import stage_settings
     from promptdistill.pipeline.console import ProgressDisplay, RunProgress, plan_night
     from promptdistill.pipeline.jobs import select_spec_files
 
-    params: dict[str, Any] = dict(budget_preset(args.budget))
-    if args.no_distill:
-        params["distill"] = None
+    params = stage_settings(args.budget, distill_instructions=not args.no_distill)
     specs = [s.strip() for s in args.specs.split(",") if s.strip()] if args.specs else None
     steps = plan_night([p.stem for p in select_spec_files(args.prompts_dir, specs)],
                        ttft_minutes=params["ttft_budget"].minutes,
@@ -94,9 +92,9 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     try:
         with display:
             display.begin("start-up")
-            state = nightly(specs=specs, prompts_dir=args.prompts_dir, seed=args.seed,
-                            allow_promotion=not args.no_promote, ttft_max_age_hours=args.ttft_max_age_hours,
-                            return_state=True, **params)
+            state = nightly(specs=specs, preset=args.budget, distill_instructions=not args.no_distill,
+                            prompts_dir=args.prompts_dir, seed=args.seed, allow_promotion=not args.no_promote,
+                            ttft_max_age_hours=args.ttft_max_age_hours, return_state=True)
     finally:
         logging.getLogger().removeHandler(handler)
     return state.result(raise_on_failure=False), state

@@ -1,10 +1,11 @@
 """``promptdistill plan NAME``: what a spec's data can certify, before any LM call.
 
-Prints the dataset's split sizes, the certify pool the search would race on, and, at
-an assumed share of discordant records (a candidate and the baseline scoring
-differently), the smallest quality drop that pool can certify and the records the
-spec's own ``slo.max_quality_drop`` would need. The searches print the same plan with
-the discordance they measured on the screen records.
+Prints the dataset's split sizes, the certify pool the night's race would run on (from
+the budget preset: its screen and dev sizes, finalists and first look), and, at an
+assumed share of discordant records (a candidate and the baseline scoring differently),
+the smallest quality drop that pool certifies with 80% power and the records the spec's
+own ``slo.max_quality_drop`` needs. The searches print the same plan at the upper 90%
+bound of the discordance their screen records show.
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from promptdistill.pipeline.presets import BUDGET_PRESETS
+    from promptdistill.search.sequential import DEFAULT_DISCORDANCE
+
     p = sub.add_parser("plan", help="how many records a certified decision needs for a spec (no LM calls)")
     p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
     p.add_argument("--prompts-dir", default="prompts")
-    p.add_argument("--discordance", type=float, default=0.2,
-                   help="assumed share of records where candidate and baseline differ (default 0.2)")
-    p.add_argument("--alpha", type=float, default=0.1, help="family-wise error rate of the race (default 0.1)")
-    p.add_argument("--finalists", type=int, default=3, help="candidates raced (alpha is split among them; default 3)")
-    p.add_argument("--screen", type=int, default=16, help="dev records used for screening (default 16)")
-    p.add_argument("--dev", type=int, default=400, help="dev records the search may use (default 400)")
+    p.add_argument("--budget", default="full", choices=list(BUDGET_PRESETS),
+                   help="the night's preset whose race is planned (default full, as the deployment runs)")
+    p.add_argument("--discordance", type=float, default=DEFAULT_DISCORDANCE,
+                   help=f"assumed share of records where candidate and baseline differ (default {DEFAULT_DISCORDANCE})")
+    p.add_argument("--alpha", type=float, default=None, help="family-wise error rate of the race (default: the preset's)")
+    p.add_argument("--finalists", type=int, default=None, help="candidates raced, alpha split among them (default: the preset's)")
+    p.add_argument("--dev", type=int, default=None, help="dev records the search may use (default: the preset's)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_plan)
 
@@ -32,19 +37,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from promptdistill.pipeline.budgets import stage_settings
     from promptdistill.search.sequential import plan_records
     from promptdistill.search.splits import split_records
     from promptdistill.specs.load import load_spec
 
     spec = load_spec(args.name, prompts_dir=args.prompts_dir)
-    splits = split_records(spec, seed=0, screen_size=args.screen, dev_size=args.dev, test_size=10**9)
+    stages = stage_settings(args.budget)
+    budget, rule = stages["budget"], stages["selection"]
+    alpha = rule.alpha if args.alpha is None else args.alpha
+    finalists = rule.finalists if args.finalists is None else args.finalists
+    dev = budget.dev_size if args.dev is None else args.dev
+    splits = split_records(spec, seed=0, screen_size=budget.screen_size, dev_size=dev, test_size=10**9)
     plan = plan_records(len(splits.certify), discordance=args.discordance, margin=spec.slo.max_quality_drop,
-                        alpha=args.alpha / args.finalists)
+                        alpha=alpha / finalists, discrete=spec.metric.discrete, first_look=rule.first_look,
+                        basis="assumed")
     if args.json:
-        print(json.dumps({"spec": spec.name, "splits": splits.sizes(), **asdict(plan)}, indent=2))
+        print(json.dumps({"spec": spec.name, "budget": args.budget, "splits": splits.sizes(), **asdict(plan)},
+                         indent=2))
         return 0
     sizes = splits.sizes()
     print(f"{spec.name}: {sizes['train']} train, {sizes['screen']} screen + {sizes['certify']} certify dev, "
-          f"{sizes['test']} test records")
+          f"{sizes['test']} test records ({args.budget} preset: {finalists} finalists, alpha {alpha:g})")
     print(f"  {plan.sentence()}")
     return 0

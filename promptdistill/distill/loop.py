@@ -62,7 +62,7 @@ class DistillConfig:
     """Shuffles the dev/test records and seeds every request: same seed, same result."""
     screen_size: int = 16
     """Dev records for ablation and screening (never used to certify)."""
-    dev_size: int = 400
+    dev_size: int = 1000
     """Dev records in all: the screen records, then the race's certify pool."""
     test_size: int = 200
     """Held-out test records for the final check."""

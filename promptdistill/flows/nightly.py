@@ -36,7 +36,7 @@ from promptdistill.flows.dask_runner import dask_task_runner
 from promptdistill.flows.tasks import ensure_ttft_model, report_night, run_id_for, run_spec
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
-from promptdistill.pipeline.budgets import TTFTBudget
+from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
 from promptdistill.pipeline.jobs import SpecsFailedError, select_spec_files
 from promptdistill.pipeline.report import endpoint_load_rows, format_summary_table
 from promptdistill.pipeline.session import engine_session
@@ -56,10 +56,12 @@ def run_specs(paths: list[str], common: dict[str, Any]) -> list[dict[str, Any]]:
 @flow(name="nightly")
 def nightly(
     specs: list[str] | None = None,
-    budget: OptimizeBudget = OptimizeBudget(),
-    selection: SelectionRule = SelectionRule(),
-    distill: DistillConfig | None = DistillConfig(),
-    ttft_budget: TTFTBudget = TTFTBudget(),
+    preset: str = "full",
+    budget: OptimizeBudget | None = None,
+    selection: SelectionRule | None = None,
+    distill: DistillConfig | None = None,
+    ttft_budget: TTFTBudget | None = None,
+    distill_instructions: bool = True,
     ttft_max_age_hours: float = 168.0,
     allow_promotion: bool = True,
     seed: int = 0,
@@ -72,11 +74,14 @@ def nightly(
 
     Args:
         specs: spec names (file stems in ``prompts_dir``); None: every spec.
+        preset: the stages' settings (``pipeline.budgets.stage_settings``: smoke, quick,
+            full); each of the four settings below replaces the preset's when given.
         budget: one spec's optimization budget (part of the cache key).
         selection: how the optimizer picks the winner (part of the cache key).
-        distill: the distiller's settings (its seed is the run's); None: optimize the
-            instruction as written, without distilled variants.
+        distill: the distiller's settings (its seed is the run's).
         ttft_budget: how much to measure when the TTFT model is refreshed.
+        distill_instructions: False optimizes the instruction as written, without
+            distilled variants.
         ttft_max_age_hours: refresh a TTFT model older than this.
         allow_promotion: move ``production`` to a result whose gate passed.
         seed: the optimizer's seed (part of the cache key).
@@ -99,6 +104,9 @@ def nightly(
     logger = get_run_logger()
     apply_defaults()
     settings = load_settings()
+    stages = stage_settings(preset, budget=budget, selection=selection, distill=distill, ttft_budget=ttft_budget,
+                            distill_instructions=distill_instructions)
+    budget, selection, distill, ttft_budget = (stages[k] for k in ("budget", "selection", "distill", "ttft_budget"))
     run_id = run_id_for(flow_run.get_id())
     paths = select_spec_files(prompts_dir, specs)
     with engine_session(settings.engine) as engine:

@@ -18,7 +18,7 @@ from promptdistill.distill.loop import DistillConfig
 from promptdistill.flows.tasks import ensure_ttft_model, run_id_for, run_spec
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
-from promptdistill.pipeline.budgets import TTFTBudget
+from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
 from promptdistill.pipeline.jobs import SpecsFailedError, select_spec_files
 from promptdistill.pipeline.report import format_summary_table
 from promptdistill.pipeline.session import engine_session
@@ -27,31 +27,39 @@ from promptdistill.pipeline.session import engine_session
 @flow(name="optimize-prompt")
 def optimize_prompt(
     spec: str,
-    budget: OptimizeBudget = OptimizeBudget(),
-    selection: SelectionRule = SelectionRule(),
-    distill: DistillConfig | None = DistillConfig(),
+    preset: str = "full",
+    budget: OptimizeBudget | None = None,
+    selection: SelectionRule | None = None,
+    distill: DistillConfig | None = None,
     allow_promotion: bool = False,
     seed: int = 0,
     prompts_dir: str = "prompts",
-    ttft_budget: TTFTBudget = TTFTBudget(),
+    ttft_budget: TTFTBudget | None = None,
+    distill_instructions: bool = True,
 ) -> Any:
     """Optimize one spec and publish the result.
 
     Args:
         spec: the spec's name (its file stem in ``prompts_dir``).
+        preset: the stages' settings (``pipeline.budgets.stage_settings``), as the nightly's;
+            each setting below replaces the preset's when given.
         budget: the optimization budget (part of the cache key).
         selection: how the optimizer picks the winner (part of the cache key).
-        distill: the distiller's settings; None: no distilled instruction variants.
+        distill: the distiller's settings.
         allow_promotion: move ``production`` to the result when its gate passed.
         seed: the optimizer's seed (part of the cache key).
         prompts_dir: where the specs live.
         ttft_budget: how much to measure if this engine has no TTFT model yet.
+        distill_instructions: False: no distilled instruction variants.
 
     Returns:
         The spec's summary row; the run is Failed when the spec failed.
     """
     apply_defaults()
     settings = load_settings()
+    stages = stage_settings(preset, budget=budget, selection=selection, distill=distill, ttft_budget=ttft_budget,
+                            distill_instructions=distill_instructions)
+    budget, selection, distill, ttft_budget = (stages[k] for k in ("budget", "selection", "distill", "ttft_budget"))
     run_id = run_id_for(flow_run.get_id())
     (path,) = select_spec_files(prompts_dir, [spec])
     with engine_session(settings.engine) as engine:

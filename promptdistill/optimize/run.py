@@ -65,7 +65,7 @@ class OptimizeBudget:
     says so in its reason."""
     screen_size: int = 16
     """Dev records that screen the grid and choose the example sets (never used to certify)."""
-    dev_size: int = 400
+    dev_size: int = 1000
     """Dev records in all: the screen records, then the race's certify pool."""
     test_size: int = 200
     """Held-out test records for the verification."""

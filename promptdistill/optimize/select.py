@@ -3,17 +3,19 @@
 All pure. The rule (``SelectionRule``), in words:
 
 1. A candidate can win only when the race certified it non-inferior to the baseline
-   (:mod:`promptdistill.search.racing`: an anytime-valid lower bound on the paired quality
-   difference above ``-slo.max_quality_drop``, error rate ``alpha`` over the finalists),
+   (:mod:`promptdistill.search.racing`: a drop of ``slo.max_quality_drop`` or more ruled
+   out, error rate ``alpha`` over the finalists),
    it can be published as a static template, and its predicted TTFT meets ``slo.ttft_ms``.
 2. Its cost is its predicted TTFT of the rule's kind: by default the *expected* TTFT,
    ``warm_share * warm + (1 - warm_share) * cold``, where ``warm_share`` is the share of
    requests that find the static prefix cached: measured from a vLLM server's prefix-cache
    hit rate when the engine is one, else assumed (0.8, and every report says so).
-3. The lowest cost wins. A difference smaller than the TTFT model's error at that point
-   (its held-out mean absolute percentage error times the larger prediction) is a tie,
-   broken by fewer static prefix tokens (less KV-cache memory, lower cold TTFT), then by
-   higher quality. Nothing certified: the baseline is kept, and the reason says why.
+3. The rule of :func:`promptdistill.search.racing.select`, with the TTFT model's error at
+   that point (its held-out mean absolute percentage error times the larger prediction)
+   as the resolution: a certified candidate replaces the baseline when it is faster by
+   more than the resolution; within it, only when its quality on the certify records is
+   at least the baseline's (and the test split agrees, ``finish.py``). Among candidates,
+   quality breaks a tie before fewer static prefix tokens. The reason names the clause.
 
 Example:
     >>> token_budget([10, 12, 12, 14]).max_tokens  # p95 13.7, plus 15%: 15.76

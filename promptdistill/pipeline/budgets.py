@@ -16,7 +16,7 @@ from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.presets import BUDGET_PRESETS
 from promptdistill.ttft.profile import ProfileConfig
 
-__all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "task_timeout_s"]
+__all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "stage_settings", "task_timeout_s"]
 
 
 @dataclass(frozen=True)
@@ -65,25 +65,31 @@ def task_timeout_s(*max_minutes: float) -> float:
 
 
 def budget_preset(name: str) -> dict[str, Any]:
-    """The nightly flow's budget parameters for a preset: ``ttft_budget``, ``distill``, ``budget``
-    and, where the preset sets it, ``selection``.
+    """The stages' settings of a preset: ``ttft_budget``, ``distill``, ``budget`` and ``selection``.
+
+    In every preset the distiller only proposes (``race=False``): the optimizer races its
+    finalists against the baseline once, on the certify records, so one race's error
+    rate covers the night (docs/decisions.md). The optimizer's race is sized in records
+    (``dev_size``: what ``promptdistill plan`` asks for a 0.05 margin) and LM calls; its
+    minutes are a safety cap, so a slower machine reaches the same decision later.
 
     Raises:
         ValueError: an unknown preset name.
     """
     if name == "full":
-        return {"ttft_budget": TTFTBudget(), "distill": DistillConfig(race=False), "budget": OptimizeBudget()}
+        return {"ttft_budget": TTFTBudget(), "distill": DistillConfig(race=False), "budget": OptimizeBudget(),
+                "selection": SelectionRule()}
     if name == "quick":
         return {
             "ttft_budget": TTFTBudget(points=24, repeats=2, spec_records=2, minutes=6.0),
-            "distill": DistillConfig(screen_size=16, dev_size=400, test_size=0, max_rounds=1, max_lm_calls=300,
-                                     max_minutes=2.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
+            "distill": DistillConfig(screen_size=16, dev_size=1000, test_size=0, max_rounds=1, max_lm_calls=300,
+                                     max_minutes=10.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
                                      finalists=2, race=False),
             # Per-request (similar) examples are left out: they are not publishable as a static
             # template, and screening them would only draw the trade-off table.
-            "budget": OptimizeBudget(max_lm_calls=1600, max_minutes=6.0, screen_size=16, dev_size=400, test_size=200,
-                                     fewshot_counts=(0, 2, 4), similar_counts=(), fixed_subsets=1, max_variants=3,
-                                     feature_records=3, timing_records=2, format_size=8),
+            "budget": OptimizeBudget(max_lm_calls=4000, max_minutes=30.0, screen_size=16, dev_size=1000,
+                                     test_size=200, fewshot_counts=(0, 2, 4), similar_counts=(), fixed_subsets=1,
+                                     max_variants=3, feature_records=3, timing_records=2, format_size=8),
             "selection": SelectionRule(finalists=2),
         }
     if name == "smoke":
@@ -91,11 +97,30 @@ def budget_preset(name: str) -> dict[str, Any]:
             "ttft_budget": TTFTBudget(points=8, repeats=1, spec_records=1, minutes=4.0, density_probe=False,
                                       fewshot_probe=False),
             "distill": DistillConfig(screen_size=4, dev_size=12, test_size=0, max_rounds=1, max_lm_calls=60,
-                                     max_minutes=2.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
+                                     max_minutes=5.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
                                      judge_examples=1, finalists=1, race=False),
-            "budget": OptimizeBudget(max_lm_calls=150, max_minutes=2.0, screen_size=4, dev_size=12, test_size=6,
+            "budget": OptimizeBudget(max_lm_calls=150, max_minutes=5.0, screen_size=4, dev_size=12, test_size=6,
                                      fewshot_counts=(0, 2), similar_counts=(), fixed_subsets=1, max_variants=2,
                                      feature_records=2, timing_records=1, formats=False, format_size=4),
             "selection": SelectionRule(finalists=1, first_look=8),
         }
     raise ValueError(f"unknown budget preset {name!r}; known: {', '.join(BUDGET_PRESETS)}")
+
+
+def stage_settings(preset: str, *, ttft_budget: TTFTBudget | None = None, distill: DistillConfig | None = None,
+                   budget: OptimizeBudget | None = None, selection: SelectionRule | None = None,
+                   distill_instructions: bool = True) -> dict[str, Any]:
+    """The one place a night's stage settings come from: the named preset, with any setting
+    given explicitly in its place (the deployments, ``make run``, ``promptdistill nightly``
+    and the benchmarks all call this).
+
+    Args:
+        preset: ``smoke``, ``quick`` or ``full``.
+        distill_instructions: False optimizes the instruction as written (``distill`` is None).
+    """
+    out = budget_preset(preset)
+    given = {"ttft_budget": ttft_budget, "distill": distill, "budget": budget, "selection": selection}
+    out.update({k: v for k, v in given.items() if v is not None})
+    if not distill_instructions:
+        out["distill"] = None
+    return out

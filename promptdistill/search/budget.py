@@ -32,16 +32,16 @@ class Budget:
         max_calls: every LM request of the stage, reserved ones included.
         max_minutes: the wall-clock cap of the search (a safety net, see the module docstring).
         reserved_calls: calls kept back for the steps after the search.
-        clock: seconds, monotonic (a test's clock may be scripted).
+        clock: seconds, monotonic (default ``time.monotonic``; a test's clock may be scripted).
     """
 
     def __init__(self, meter: CallMeter, *, max_calls: int, max_minutes: float, reserved_calls: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.meter = meter
         self.max_calls = max_calls
         self.max_minutes = max_minutes
         self.reserved_calls = reserved_calls
-        self.clock = clock
+        self.clock = clock or (lambda: time.monotonic())  # looked up at each call, so a test may patch it
         self.reason: str | None = None
         self.restart_clock()
 

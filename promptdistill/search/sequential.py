@@ -1,10 +1,10 @@
 """The race's two non-inferiority tests, and how many records a decision needs.
 
-* Discrete scores (0/1, shares of a few checks): :class:`GroupSequentialTest`, a
-  group-sequential test on the race's planned looks
+* Discrete scores (0/1, shares of a few checks) on a pool of at least 100 records:
+  :class:`GroupSequentialTest`, a group-sequential test on the race's planned looks
   (:mod:`promptdistill.search.group_sequential`).
-* Continuous scores (judges, python metrics): :class:`ConfidenceSequenceTest`, the
-  anytime-valid betting bound below with its bet tuned to the known pool size.
+* Continuous scores (judges, python metrics), and smaller pools: :class:`ConfidenceSequenceTest`,
+  the anytime-valid betting bound below with its bet tuned to the known pool size.
 
 :func:`plan_records` says, before a race, what margin its pool certifies with 80% power
 and how many records the spec's margin needs. The rest of this docstring is the betting
@@ -193,10 +193,17 @@ class ConfidenceSequenceTest:
         return verdict, lo, hi
 
 
+MIN_GROUP_SEQUENTIAL_POOL = 100
+"""Below this many certify records the score statistic's normal approximation is not to be
+trusted (16 tied pairs give z = 1.33 against a 0.1 drop, while a true 0.1 drop leaves all
+16 tied with probability 0.9^16 = 0.19): small pools use the confidence sequence, which is
+valid at any n."""
+
+
 def make_test(*, discrete: bool, pool: int, alpha: float,
               first_look: int = 50) -> GroupSequentialTest | ConfidenceSequenceTest:
-    """The race's test for this kind of score (see the module docstring)."""
-    if discrete:
+    """The race's test for this kind of score and pool size (see the module docstring)."""
+    if discrete and pool >= MIN_GROUP_SEQUENTIAL_POOL:
         return GroupSequentialTest(pool=pool, alpha=alpha, first_look=first_look)
     return ConfidenceSequenceTest(pool=pool, alpha=alpha)
 
@@ -331,11 +338,18 @@ def plan_records(pool: int, *, discordance: float, margin: float, alpha: float, 
         raise ValueError(f"pool must be at least 0, got {pool}")
     if not 0.0 <= discordance <= 1.0:
         raise ValueError(f"discordance must be in [0, 1], got {discordance}")
-    if discrete:
-        certifiable, needed = _gs_plan(pool, discordance, margin, alpha, first_look, max_records)
-        test = GroupSequentialTest.name
-    else:
-        certifiable, needed = _cs_plan(pool, discordance, margin, alpha, min(max_records, 5000), simulations, seed)
+    small = pool < MIN_GROUP_SEQUENTIAL_POOL
+    if discrete:  # the records needed are many, so the group-sequential test would decide them
+        gs_certifiable, needed = _gs_plan(pool if not small else 0, discordance, margin, alpha, first_look,
+                                          max_records)
+        if needed is not None and needed < MIN_GROUP_SEQUENTIAL_POOL:
+            needed = MIN_GROUP_SEQUENTIAL_POOL
+    if not discrete or small:
+        certifiable, cs_needed = _cs_plan(pool, discordance, margin, alpha, min(max_records, 5000), simulations, seed)
         test = ConfidenceSequenceTest.name
+        if not discrete:
+            needed = cs_needed
+    else:
+        certifiable, test = gs_certifiable, GroupSequentialTest.name
     return Plan(pool=pool, discordance=discordance, alpha=alpha, margin=margin, certifiable_margin=certifiable,
                 needed=needed, test=test, basis=basis)
