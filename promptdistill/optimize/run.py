@@ -10,8 +10,9 @@ The run, in order (each step a method of ``OptimizeRun``, the state ``finish`` r
    predicted cold and warm with the fitted TTFT model; what cannot fit the context is dropped;
 5. screen the grid, then race the finalists against the baseline on the certify records
    (:mod:`promptdistill.search.racing`): a finalist can win only when certified
-   non-inferior; the lowest predicted TTFT wins, differences within the TTFT model's
-   error are ties (fewer static tokens, then quality);
+   non-inferior, and replaces the baseline only when its predicted TTFT is lower by more
+   than the TTFT model's error, or within it at the baseline's quality or better
+   (docs/decisions.md);
 6. for the winner: the valid-JSON rate three ways (free text, schema in the prompt,
    constrained decoding), then ``max_tokens`` from its completion tokens;
 7. verify on the test split, measure TTFT cold and warm on the engine, keep the baseline
