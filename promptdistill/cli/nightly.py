@@ -74,7 +74,7 @@ def _nightly(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     """Run the flow with the progress display on ``terminal``; returns (outcome, final state)."""
     from promptdistill.flows.nightly import nightly
-    from promptdistill.pipeline.budgets import stage_settings
+    from promptdistill.pipeline.budgets import expected_minutes, stage_settings
     from promptdistill.pipeline.console import ProgressDisplay, RunProgress, plan_night
     from promptdistill.pipeline.jobs import select_spec_files
 
@@ -82,8 +82,9 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     specs = [s.strip() for s in args.specs.split(",") if s.strip()] if args.specs else None
     steps = plan_night([p.stem for p in select_spec_files(args.prompts_dir, specs)],
                        ttft_minutes=params["ttft_budget"].minutes,
-                       distill_minutes=params["distill"].max_minutes if params["distill"] is not None else None,
-                       optimize_minutes=params["budget"].max_minutes)
+                       distill_minutes=None if params["distill"] is None else
+                       expected_minutes(params["distill"].max_lm_calls, params["distill"].max_minutes),
+                       optimize_minutes=expected_minutes(params["budget"].max_lm_calls, params["budget"].max_minutes))
     # --verbose: library output shares the terminal, so plain lines instead of a live table.
     display = ProgressDisplay(RunProgress(steps), terminal, live=None if terminal.log_path else False)
     # After the imports above: Prefect's logging set-up replaces the root logger's handlers.
