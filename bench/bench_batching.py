@@ -28,7 +28,8 @@ setup()
 
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import GenerationRequest, load_engine, resolve_model  # noqa: E402
-from promptdistill.ttft.hardware import ModelFlops, batched_ceiling, measure_matmul_peak  # noqa: E402
+from bench.ttft_study.analysis import batched_ceiling  # noqa: E402
+from promptdistill.ttft.hardware import ModelFlops, measure_matmul_peak  # noqa: E402
 
 TARGET_RATIO = 5.0
 

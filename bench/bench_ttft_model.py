@@ -29,15 +29,15 @@ from bench.common import setup, write_report
 
 setup()
 
+from bench.ttft_study.analysis import prefill_throughput  # noqa: E402
+from bench.ttft_study.report import target_verdict  # noqa: E402
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import load_engine, resolve_model  # noqa: E402
 from promptdistill.pipeline.ttft_models import fit_and_publish, load_ttft_model  # noqa: E402
 from promptdistill.registry.store import Registry  # noqa: E402
 from promptdistill.ttft import ProfileConfig, check_frame, fit_models, run_profile  # noqa: E402
-from promptdistill.ttft.analysis import prefill_throughput  # noqa: E402
 from promptdistill.ttft.fit import engine_rows  # noqa: E402
 from promptdistill.ttft.noise import noise_floor  # noqa: E402
-from promptdistill.ttft.report import target_verdict  # noqa: E402
 
 
 def evaluate(df, seed: int, *, publish: bool = False) -> dict:

@@ -374,7 +374,7 @@ def test_files_written_atomically_get_the_umask_mode(tmp_path, umask, mask, mode
 
     from promptdistill.specs.datasets import write_records
     from promptdistill.ttft.profile import write_parquet
-    from promptdistill.ttft.report import _atomic_write as report_write
+    from bench.ttft_study.report import _atomic_write as report_write  # the TTFT study's writer
 
     umask(mask)
     out = tmp_path / "out"
@@ -397,11 +397,11 @@ def test_files_written_atomically_get_the_umask_mode(tmp_path, umask, mask, mode
 
 
 def test_figures_are_written_atomically_with_the_umask_mode(tmp_path, umask):
-    from promptdistill.ttft.figures import _plt, _save
+    from promptdistill.ttft.figures import pyplot, save_figure
 
     umask(0o022)
-    fig = _plt().figure()
-    name = _save(fig, tmp_path, "pred_vs_measured.png")
+    fig = pyplot().figure()
+    name = save_figure(fig, tmp_path, "pred_vs_measured.png")
     path = tmp_path / name
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the temp name has no .png: the format is named
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644

@@ -1,5 +1,6 @@
-"""The hardware's limit: the matmul probe, the model's arithmetic, the batching ceiling,
-and the prefill-throughput table built from them (no engine)."""
+"""The hardware's limit: the matmul probe, the model's arithmetic and the contention
+accounting the profiler records (no engine). The study's tables built from them are in
+test_ttft_study.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from promptdistill.ttft.analysis import prefill_throughput
 from promptdistill.ttft.hardware import (
     ModelFlops,
-    batched_ceiling,
     foreign_cpu_share,
     machine_busy_s,
     measure_matmul_peak,
@@ -49,13 +48,6 @@ def test_prefill_and_decode_flops():
     assert m.request_flops(100, 3, cached_tokens=64) < m.request_flops(100, 3)
     assert ModelFlops.from_columns(pd.Series(m.columns())) == m
     assert ModelFlops.from_columns(pd.Series({"model_layers": 3})) is None
-
-
-def test_batched_ceiling_is_one_over_the_serial_share_of_peak():
-    c = batched_ceiling(serial_wall_s=10.0, total_flops=400e9, peak_gflops=200.0)
-    assert c["compute_floor_s"] == pytest.approx(2.0)
-    assert c["serial_share_of_peak"] == pytest.approx(0.2)
-    assert c["ceiling_ratio"] == pytest.approx(5.0)
 
 
 MATMUL_PROBE = """
@@ -98,30 +90,3 @@ def test_contention_accounting():
     sum(i * i for i in range(300_000))  # some CPU time of our own
     assert process_tree_cpu_s((os.getpid(),)) > 0
     assert process_tree_cpu_s(()) == 0.0
-
-
-def _ladder_rows(peak: float = 200.0) -> pd.DataFrame:
-    m = ModelFlops.from_config(SMOLLM2)
-    rows = []
-    for tokens, share in ((128, 0.3), (512, 0.6), (2000, 0.7)):
-        seconds = m.prefill_flops(tokens) / (share * peak * 1e9)
-        for r, wobble in enumerate((0.98, 1.0, 1.02)):
-            rows.append({"prompt_id": f"l{tokens}", "uncached_tokens": tokens, "cached_tokens": 0, "batch_size": 1,
-                         "ttft_ms": seconds * 1000 * wobble, "hw_matmul_gflops": peak, **m.columns()})
-    rows.append({**rows[0], "cached_tokens": 128, "ttft_ms": 1.0})  # warm: not a prefill of 128 tokens
-    rows.append({**rows[0], "batch_size": 3, "ttft_ms": 1.0})  # queued: waited for others
-    return pd.DataFrame(rows)
-
-
-def test_prefill_throughput_as_a_share_of_the_peak():
-    table = prefill_throughput(_ladder_rows(), n_boot=100).set_index("tokens")
-    assert list(table.index) == [128, 512, 2048]  # 2000 tokens stand for 2048: the context limit
-    assert table.loc[128, "n"] == 3 and table.loc[2048, "tokens_measured"] == 2000
-    assert table.loc[512, "share_of_peak"] == pytest.approx(0.6, rel=1e-6)
-    assert table.loc[512, "share_of_peak_lo"] < 0.6 < table.loc[512, "share_of_peak_hi"]
-    assert table.loc[2048, "tokens_per_s"] == pytest.approx(2000 / (table.loc[2048, "ttft_ms"] / 1000), rel=1e-6)
-
-
-def test_prefill_throughput_without_hardware_columns_has_no_share():
-    rows = _ladder_rows().drop(columns=["hw_matmul_gflops"])
-    assert prefill_throughput(rows, n_boot=20)["share_of_peak"].isna().all()

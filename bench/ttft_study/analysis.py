@@ -1,6 +1,7 @@
-"""Questions the measurements answer: coefficients with confidence intervals, whether
-semantic density moves TTFT once tokens are accounted for, the few-shot table, prefill
-throughput against the hardware's matmul peak, and what requests sent together wait for.
+"""The TTFT study's questions: coefficients with confidence intervals, whether semantic
+density moves TTFT once tokens are accounted for, the few-shot table, prefill throughput
+against the hardware's matmul peak (and the ceiling it sets on batching), and what
+requests sent together wait for.
 
 Uncertainty comes from a grouped bootstrap: prompts are resampled with replacement
 (all repeats of a drawn prompt come along), the linear model is refitted on each
@@ -32,6 +33,7 @@ __all__ = [
     "CLAIMED_DENSITY_BETA",
     "CLAIMED_FEWSHOT_MS",
     "LADDER_SIZES",
+    "batched_ceiling",
     "bootstrap_coefficients",
     "density_effect",
     "fewshot_table",
@@ -255,6 +257,20 @@ def prefill_throughput(df: pd.DataFrame, *, sizes: tuple[int, ...] = LADDER_SIZE
             row[f"{name}_lo"], row[f"{name}_hi"] = _boot_median(values, rng, n_boot) if np.isfinite(values).all() else (np.nan, np.nan)
         out.append(row)
     return pd.DataFrame(out)
+
+
+def batched_ceiling(serial_wall_s: float, total_flops: float, peak_gflops: float) -> dict[str, float]:
+    """How much faster than the serial run any batching could be on this machine.
+
+    A batch can do its arithmetic no faster than the matmul peak, so its wall time is at
+    least ``total_flops / peak``; the batched/serial throughput ratio is therefore at most
+    ``serial_wall_s / (total_flops / peak)``, which is ``1 / (the serial run's share of
+    peak)``.
+    """
+    floor_s = total_flops / (peak_gflops * 1e9)
+    serial_share = floor_s / serial_wall_s if serial_wall_s > 0 else float("nan")
+    return {"compute_floor_s": floor_s, "serial_share_of_peak": serial_share,
+            "ceiling_ratio": serial_wall_s / floor_s if floor_s > 0 else float("nan")}
 
 
 def queue_table(df: pd.DataFrame, estimator: object) -> tuple[pd.DataFrame, dict[str, float]]:

@@ -1,6 +1,8 @@
-"""The TTFT report's figures (PNG): every one states its n, and intervals where it has them.
+"""The TTFT study's figures (PNG): every one states its n, and intervals where it has them.
 
-* ``pred_vs_measured``: held-out predictions against single measurements and medians;
+* ``pred_vs_measured``: held-out predictions against single measurements and medians
+  (the model's fit figure, ``promptdistill.ttft.figures.fit_figure``, the same picture the
+  registry stores beside the model);
 * ``ttft_vs_uncached``: measurements of requests sent alone, cold and warm, with the model;
 * ``residuals``: held-out residuals, absolute and relative;
 * ``density_partial``: what the token terms leave unexplained, against density;
@@ -17,64 +19,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from promptdistill.core.jsonio import atomic_write
-from promptdistill.ttft.analysis import token_only_residuals
+from bench.ttft_study.analysis import token_only_residuals
 from promptdistill.ttft.estimators import DENSITY_HINGE, MODEL_FEATURES
+from promptdistill.ttft.figures import fit_figure, pyplot, requests_alone, save_figure
 from promptdistill.ttft.fit import FitResult, model_inputs
-from promptdistill.ttft.noise import group_medians, repeat_key
+from promptdistill.ttft.noise import repeat_key
 
 __all__ = ["write_figures"]
 
-
-def _plt() -> Any:
-    # matplotlib is imported only when a report is drawn (it is slow to import).
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, out: Path, name: str) -> str:
-    fig.tight_layout()
-    # The temporary name does not end in .png: name the format.
-    atomic_write(out / name, lambda tmp: fig.savefig(tmp, dpi=110, format=Path(name).suffix.lstrip(".") or "png"))
-    _plt().close(fig)
-    return name
-
-
-def _alone(df: pd.DataFrame) -> pd.Series:
-    return df["batch_size"].fillna(1) <= 1 if "batch_size" in df.columns else pd.Series(True, index=df.index)
-
-
 def write_figures(df: pd.DataFrame, fit: FitResult, out: Path, *, throughput: pd.DataFrame | None = None) -> dict[str, str]:
     """The PNGs in ``out``; returns {figure name: file name}."""
-    plt = _plt()
-    files: dict[str, str] = {}
+    plt = pyplot()
+    files: dict[str, str] = {"pred_vs_measured": fit_figure(fit, out)}
     test = fit.heldout_predictions
     pred = test[f"pred_{fit.chosen}"].to_numpy()
     y = test["ttft_ms"].to_numpy()
-    h = fit.heldout[fit.chosen]
 
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    alone = _alone(test).to_numpy()
-    for name, sel, colour in (("cold", alone & ~test["warm"].to_numpy(bool), "tab:blue"),
-                              ("warm", alone & test["warm"].to_numpy(bool), "tab:orange"),
-                              ("queued", ~alone, "tab:green")):
-        if sel.any():
-            ax.scatter(y[sel], pred[sel], s=12, alpha=0.5, c=colour, label=f"{name} (n={int(sel.sum())})")
-    med = group_medians(test, pred)
-    ax.scatter(med["ttft_ms"], med["pred"], s=30, facecolors="none", edgecolors="k", lw=0.8,
-               label=f"median of repeats (n={len(med)})")
-    lo, hi = float(min(y.min(), pred.min())), float(max(y.max(), pred.max()))
-    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-    ax.set(xscale="log", yscale="log", xlabel="measured TTFT (ms)", ylabel="predicted TTFT (ms)",
-           title=f"held-out prompts: {fit.chosen}\nMAPE {h['mape']:.1%} vs single, {h.get('mape_median', np.nan):.1%} vs medians")
-    ax.legend(fontsize=8)
-    files["pred_vs_measured"] = _save(fig, out, "pred_vs_measured.png")
-
-    files["ttft_vs_uncached"] = _ttft_vs_uncached(plt, df[_alone(df)], fit, out)
+    files["ttft_vs_uncached"] = _ttft_vs_uncached(plt, df[requests_alone(df)], fit, out)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     resid = y - pred
@@ -83,7 +44,7 @@ def write_figures(df: pd.DataFrame, fit: FitResult, out: Path, *, throughput: pd
     axes[0].set(xlabel="predicted TTFT (ms)", ylabel="measured - predicted (ms)", title=f"held-out residuals (n={len(y)})")
     axes[1].hist(resid / y * 100, bins=30)
     axes[1].set(xlabel="relative error (%)", ylabel="measurements", title="relative residuals")
-    files["residuals"] = _save(fig, out, "residuals.png")
+    files["residuals"] = save_figure(fig, out, "residuals.png")
 
     files["density_partial"] = _density_partial(plt, df, out)
     noise = _noise(plt, df, out)
@@ -115,7 +76,7 @@ def _ttft_vs_uncached(plt: Any, df: pd.DataFrame, fit: FitResult, out: Path) -> 
                 label=f"{fit.chosen}, cached={int(part['cached_tokens'].median())}")
     ax.set(xlabel="uncached prompt tokens", ylabel="TTFT (ms)", title="TTFT against uncached tokens (requests alone)")
     ax.legend(fontsize=8)
-    return _save(fig, out, "ttft_vs_uncached.png")
+    return save_figure(fig, out, "ttft_vs_uncached.png")
 
 
 def _density_partial(plt: Any, df: pd.DataFrame, out: Path) -> str:
@@ -136,7 +97,7 @@ def _density_partial(plt: Any, df: pd.DataFrame, out: Path) -> str:
     ax.set(xlabel="semantic density", ylabel="TTFT not explained by tokens (ms)",
            title="Density after controlling for tokens")
     ax.legend(fontsize=8)
-    return _save(fig, out, "density_partial.png")
+    return save_figure(fig, out, "density_partial.png")
 
 
 def _noise(plt: Any, df: pd.DataFrame, out: Path) -> str | None:
@@ -163,7 +124,7 @@ def _noise(plt: Any, df: pd.DataFrame, out: Path) -> str | None:
     axes[1].set(xlabel="measurement order", ylabel="deviation from the unit's median (%)",
                 title=f"repeats over time (n={len(rep)}; line: rolling median of 25)")
     axes[1].legend(fontsize=7)
-    return _save(fig, out, "noise.png")
+    return save_figure(fig, out, "noise.png")
 
 
 def _throughput(plt: Any, table: pd.DataFrame, peak: float, out: Path) -> str:
@@ -180,4 +141,4 @@ def _throughput(plt: Any, table: pd.DataFrame, peak: float, out: Path) -> str:
            title="Prefill against the hardware's limit", ylim=(0, 110))
     ax.set_xticks(table["tokens"], [str(int(t)) for t in table["tokens"]])
     ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, out, "throughput.png")
+    return save_figure(fig, out, "throughput.png")

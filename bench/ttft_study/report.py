@@ -1,4 +1,4 @@
-"""The TTFT report: markdown with the numbers, PNG figures, and a JSON of the same numbers.
+"""The TTFT study's report: markdown with the numbers, PNG figures, and a JSON of the same numbers.
 
 Everything is computed from the profile rows: model comparison (grouped CV and
 held-out, against single measurements and against medians of repeats), the noise floor
@@ -8,7 +8,10 @@ bootstrap intervals, the density question and the few-shot table.
 
 ``build_report`` writes one engine's report; ``build_overview`` one report over several
 engines (the in-process and server backends): a summary table, then each engine's
-report in a subfolder named after its backend.
+report in a subfolder named after its backend; ``write_study`` picks between them, as
+``promptdistill ttft report`` and ``python -m bench.ttft_study`` do. The nightly never
+builds this report: its TTFT refresh publishes the model, its held-out error, its noise
+floor and its fit figure only (``promptdistill.pipeline.ttft_models``).
 """
 
 from __future__ import annotations
@@ -21,21 +24,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from promptdistill.core.jsonio import atomic_write
-from promptdistill.ttft.analysis import (
+from bench.ttft_study.analysis import (
     bootstrap_coefficients,
     density_effect,
     fewshot_table,
     prefill_throughput,
     queue_table,
 )
-from promptdistill.ttft.figures import write_figures
-from promptdistill.ttft.fit import FitResult, check_frame, engine_rows, fit_models
+from bench.ttft_study.figures import write_figures
+from bench.ttft_study.report_text import engine_markdown, overview_markdown
+from promptdistill.core.errors import IntegrityError, TemplateNotFoundError
+from promptdistill.core.jsonio import atomic_write
+from promptdistill.pipeline.ttft_models import load_ttft_model
+from promptdistill.registry.store import Registry
+from promptdistill.ttft.fit import FitResult, check_frame, engine_rows, fit_models, identity_of
 from promptdistill.ttft.hardware import ModelFlops
 from promptdistill.ttft.noise import noise_floor
-from promptdistill.ttft.report_text import engine_markdown, overview_markdown
 
-__all__ = ["GOAL_MAPE", "FLOOR_FACTOR", "build_overview", "build_report", "target_verdict", "write_figures"]
+__all__ = ["FLOOR_FACTOR", "GOAL_MAPE", "build_overview", "build_report", "target_verdict", "write_figures", "write_study"]
 
 GOAL_MAPE = 0.05
 """Held-out MAPE against medians the model should reach."""
@@ -176,6 +182,33 @@ def build_overview(
     _atomic_write(out / "report.json", json.dumps({"engines": summary, "note": note}, indent=2, default=_jsonable) + "\n")
     _atomic_write(out / "report.md", overview_markdown(engines, note=note))
     return out / "report.md"
+
+
+def write_study(df: pd.DataFrame, out: str | os.PathLike[str], *, registry: Registry, engine_key: str | None = None,
+                n_boot: int = 500, seed: int = 0, keep_contended: bool = False, note: str = "") -> Path:
+    """The study over profile rows: one engine's report, or (rows of several engines and no
+    ``engine_key``) the overview with a report per engine. Each names the version of the
+    model its engine's runs use, when ``registry`` holds one. Returns the markdown path.
+
+    Raises:
+        ValueError: no rows for ``engine_key``, or too few usable prompts.
+    """
+    if engine_key is None and df["engine_key"].nunique() > 1:
+        versions = {key: _model_version(registry, engine_rows(df, key)) for key in df["engine_key"].dropna().unique()}
+        return build_overview(df, out, n_boot=n_boot, seed=seed, model_versions=versions,
+                              drop_contended=not keep_contended, note=note)
+    df = engine_rows(df, engine_key)
+    fit = fit_models(df, seed=seed, drop_contended=not keep_contended)
+    return build_report(df, out, fit=fit, n_boot=n_boot, seed=seed, model_version=_model_version(registry, df),
+                        drop_contended=not keep_contended)
+
+
+def _model_version(registry: Registry, rows: pd.DataFrame) -> str | None:
+    """The version of the model this engine's runs use, if one was published."""
+    try:
+        return load_ttft_model(registry, identity_of(rows)).version
+    except (TemplateNotFoundError, IntegrityError):
+        return None
 
 
 def _summary(n: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from promptdistill.ttft.analysis import CLAIMED_DENSITY_BETA
+from bench.ttft_study.analysis import CLAIMED_DENSITY_BETA
 from promptdistill.ttft.estimators import DENSITY_HINGE
 
 __all__ = ["engine_markdown", "overview_markdown"]

@@ -3,8 +3,9 @@
 ``fit`` publishes the chosen model to the registry (``ttft-model/<engine key>``), the one
 place TTFT models live: ``promptdistill optimize`` and the nightly flow load it from there.
 ``profile --backend server --launch-server`` profiles through a vLLM server it starts on
-127.0.0.1 (TTFT at the client, HTTP included). ``report`` over profiles of several
-engines (the in-process and server backends) writes one overview and a report per engine.
+127.0.0.1 (TTFT at the client, HTTP included). ``report`` runs the TTFT study
+(``bench/ttft_study``, from a source checkout): over profiles of several engines (the
+in-process and server backends) it writes one overview and a report per engine.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--report-dir", default=REPORT_DIR, help=f"where the model's report goes (default {REPORT_DIR})")
     f.set_defaults(func=_fit)
 
-    r = cmds.add_parser("report", help="the report: model comparison, coefficients, density, few-shot, figures")
+    r = cmds.add_parser("report", help="the TTFT study (bench/ttft_study): noise, mechanics, hardware, density, "
+                        "few-shot, figures")
     _profile_args(r)
     r.add_argument("--out", default=REPORT_DIR, help=f"folder for report.md, report.json and PNGs (default {REPORT_DIR})")
     r.add_argument("--n-boot", type=int, default=500, help="bootstrap resamples (default 500)")
@@ -193,35 +195,31 @@ def _fit_table(fit: object) -> str:
 def _report(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
     from promptdistill.registry.store import Registry
-    from promptdistill.ttft.fit import engine_rows, fit_models
-    from promptdistill.ttft.report import build_overview, build_report
 
-    registry = Registry(load_settings(args.config).registry)
     try:
+        study = _study()
         df, _ = read_profiles(args.profiles)
-        if args.engine_key is None and df["engine_key"].nunique() > 1:
-            versions = {key: _model_version(registry, engine_rows(df, key)) for key in df["engine_key"].dropna().unique()}
-            path = build_overview(df, args.out, n_boot=args.n_boot, seed=args.seed, model_versions=versions,
-                                  drop_contended=not args.keep_contended, note=args.note)
-            print(path)
-            return 0
-        df = engine_rows(df, args.engine_key)
-        fit = fit_models(df, seed=args.seed, drop_contended=not args.keep_contended)
-    except ValueError as e:
+        path = study.write_study(df, args.out, registry=Registry(load_settings(args.config).registry),
+                                 engine_key=args.engine_key, n_boot=args.n_boot, seed=args.seed,
+                                 keep_contended=args.keep_contended, note=args.note)
+    except (ImportError, ValueError) as e:
         return _fail(e)
-    path = build_report(df, args.out, fit=fit, n_boot=args.n_boot, seed=args.seed,
-                        model_version=_model_version(registry, df), drop_contended=not args.keep_contended)
     print(path)
     return 0
 
 
-def _model_version(registry: Any, rows: Any) -> str | None:
-    """The version of the model this engine's runs use, if one was published."""
-    from promptdistill.core.errors import IntegrityError, TemplateNotFoundError
-    from promptdistill.pipeline.ttft_models import load_ttft_model
-    from promptdistill.ttft.fit import identity_of
+def _study() -> Any:
+    """The TTFT study (``bench/ttft_study``), which lives beside the package in a source
+    checkout: the product never imports it, this command only when run."""
+    import importlib
 
+    root = Path(__file__).resolve().parents[2]
+    if (root / "bench" / "ttft_study").is_dir() and str(root) not in sys.path:
+        sys.path.append(str(root))
     try:
-        return load_ttft_model(registry, identity_of(rows)).version
-    except (TemplateNotFoundError, IntegrityError):
-        return None
+        return importlib.import_module("bench.ttft_study")
+    except ModuleNotFoundError as e:
+        if e.name not in ("bench", "bench.ttft_study"):
+            raise  # the study is there but a library it needs is not: say which
+        raise ImportError("the TTFT study is not installed with the package: it lives in a source checkout's "
+                          "bench/ttft_study/ (run `python -m bench.ttft_study` from the repository root)") from None

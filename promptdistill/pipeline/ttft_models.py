@@ -1,13 +1,16 @@
 """The TTFT model's life: one place (the registry), for the CLI and the flows alike.
 
 A fitted model is stored as the artifact ``ttft-model/<engine key>`` (the key of the
-engine identity it was measured on), with the figures of its report beside it.
+engine identity it was measured on), with its fit figure beside it and its held-out error
+and noise floor in its metadata.
 ``promptdistill ttft fit``, the ``profile-ttft`` flow and the nightly's refresh all publish
 there; ``promptdistill optimize`` and the nightly load from there.
 
 * :func:`ttft_status`: is there a model for this engine, and is it fresh?
-* :func:`fit_and_publish`: select and fit a model on measurements, write its report,
-  publish it;
+* :func:`fit_and_publish`: select and fit a model on measurements, measure their noise
+  floor, draw its fit figure, publish it, write its model card (the nightly's refresh
+  does exactly this; the research study over the same profiles is ``bench/ttft_study``,
+  which nothing here imports);
 * :func:`load_ttft_model`, :func:`ttft_figure`: read it back;
 * :func:`after_failed_refresh`: the rule when a refresh fails (go on with the old model,
   or stop when there is none).
@@ -26,10 +29,12 @@ import pandas as pd
 from promptdistill.core.errors import IntegrityError, PromptDistillError, TemplateNotFoundError
 from promptdistill.core.jsonio import atomic_write, json_safe
 from promptdistill.engine.base import EngineIdentity
+from promptdistill.pipeline.report import ttft_report_markdown
 from promptdistill.registry.store import Registry
-from promptdistill.ttft.fit import FitResult, engine_rows, fit_models
+from promptdistill.ttft.figures import FIT_FIGURE, fit_figure
+from promptdistill.ttft.fit import FitResult, check_frame, engine_rows, fit_models
 from promptdistill.ttft.model import TTFTModel
-from promptdistill.ttft.report import build_report
+from promptdistill.ttft.noise import noise_floor
 
 __all__ = [
     "TTFT_ARTIFACT_KIND",
@@ -40,12 +45,13 @@ __all__ = [
     "load_ttft_model",
     "publish_ttft_model",
     "ttft_figure",
-    "ttft_report",
     "ttft_status",
 ]
 
 TTFT_ARTIFACT_KIND = "ttft-model"
 """Registry artifact kind of fitted TTFT models; the artifact name is the engine key."""
+NOISE_FLOOR_BOOT = 200
+"""Bootstrap resamples of the noise floor's intervals at each fit (about a second)."""
 
 
 @dataclass(frozen=True)
@@ -211,48 +217,54 @@ def fit_ttft_model(frame: Any, *, seed: int = 0, source: str = "", keep_contende
     return model, fit, rows
 
 
-def ttft_report(rows: Any, fit: Any, model: Any, out_dir: str | Path, *, seed: int = 0,
-                keep_contended: bool = False) -> dict[str, Path]:
-    """The TTFT report ([C]'s ``build_report``: markdown, JSON, PNGs) in ``out_dir``.
-
-    Returns:
-        ``{"report": report.md, <figure title>: png, ...}``.
-    """
-    out = Path(out_dir)
-    md = build_report(rows, out, fit=fit, seed=seed, model_version=model.version, drop_contended=not keep_contended)
-    figures = {p.stem.replace("_", " "): p for p in sorted(out.glob("*.png"))}
-    return {"report": md, **figures}
-
-
 def fit_and_publish(registry: Registry, frame: pd.DataFrame, *, seed: int = 0, source: str = "",
                     report_dir: str | Path, keep_contended: bool = False,
                     extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], TTFTModel, FitResult, Any]:
-    """Fit and select the model on ``frame``, write its report, publish both.
+    """Fit and select the model on ``frame``, publish it with its noise floor and fit figure,
+    and write its model card (``report.md`` and the figure) in ``report_dir/<model version>/``.
 
-    A report that fails to build does not keep a good model from being published (the
-    returned ``info["report_error"]`` says why).
+    A noise floor or a card that fails does not keep a good model from being published
+    (the returned ``info["report_error"]`` says why).
 
     Returns:
         (info, model, fit, record): ``info`` is plain JSON (engine key, artifact version,
-        model version, chosen estimator, held-out scores, the report's path).
+        model version, chosen estimator, held-out scores, noise floor, the card's path).
     """
     model, fit, rows = fit_ttft_model(frame, seed=seed, source=source, keep_contended=keep_contended)
     keep = keep_contended or bool(model.training.get("contended_rows_kept"))
+    out = Path(report_dir) / model.version
     info: dict[str, Any] = {}
+    figures: dict[str, Path] = {}
+    noise: dict[str, Any] = {}
     try:
-        figures = ttft_report(rows, fit, model, Path(report_dir) / model.version, seed=seed, keep_contended=keep)
-    except Exception as e:  # noqa: BLE001 - a failed report must not keep a good model from being published
-        figures, info["report_error"] = {}, f"{type(e).__name__}: {e}"
-    pngs = {name: path for name, path in figures.items() if name != "report"}
-    record = publish_ttft_model(registry, model, extra={"measurements": source, **dict(extra or {})},
-                                figures={p.stem: p.read_bytes() for p in pngs.values()})
+        noise = json_safe(noise_floor(check_frame(rows, drop_contended=not keep)[0], n_boot=NOISE_FLOOR_BOOT, seed=seed))
+        out.mkdir(parents=True, exist_ok=True)
+        figures[FIT_FIGURE.replace("_", " ")] = out / fit_figure(fit, out)
+    except Exception as e:  # noqa: BLE001 - a failed floor or figure must not keep a good model from being published
+        info["report_error"] = f"{type(e).__name__}: {e}"
+    record = publish_ttft_model(registry, model, extra={"measurements": source, "noise_floor": noise, **dict(extra or {})},
+                                figures={p.stem: p.read_bytes() for p in figures.values()})
+    if "report_error" not in info:
+        info["report"] = str(atomic_write(out / "report.md", _model_card(model, fit, record, noise)))
     info.update({"engine_key": model.engine_identity.key(), "version": record.version,
                  "model_version": model.version, "chosen": model.name,
-                 "heldout": json_safe(fit.heldout.get(model.name, {})),
+                 "heldout": json_safe(fit.heldout.get(model.name, {})), "noise_floor": noise,
                  "contended_rows_kept": model.training.get("contended_rows_kept"),
-                 "report": str(figures["report"]) if "report" in figures else None,
-                 "figures": {name: str(path) for name, path in pngs.items()}})
+                 "figures": {name: str(path) for name, path in figures.items()}})
+    info.setdefault("report", None)
     return info, model, fit, record
+
+
+def _model_card(model: TTFTModel, fit: FitResult, record: Any, noise: Mapping[str, Any]) -> str:
+    """The published model in markdown: its scores, the noise floor they are bounded by, its fit figure."""
+    def pct(key: str) -> str:
+        return "n/a" if noise.get(key) is None else f"{noise[key]:.1%}"
+
+    floor = (f"Noise floor (from {noise.get('units') or 0} prompts measured more than once, cold or warm): a perfect "
+             f"model's MAPE would be {pct('floor_vs_medians')} against medians of repeats and "
+             f"{pct('floor_vs_singles_pooled')} against single measurements.")
+    return (f"{ttft_report_markdown(model, fit, record)}\n\n{floor}\n\n"
+            f"![predicted vs measured]({FIT_FIGURE}.png)\n")
 
 
 def after_failed_refresh(status: TTFTStatus, error: str) -> dict[str, Any]:

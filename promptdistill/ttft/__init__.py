@@ -1,4 +1,4 @@
-"""TTFT: profile the engine, fit models that predict time to first token, report.
+"""TTFT: profile the engine, fit models that predict time to first token.
 
 * :mod:`~promptdistill.ttft.features`: token features of a prompt (served tokenizer);
 * :mod:`~promptdistill.ttft.design`: which prompts to measure, built from specs and data;
@@ -10,11 +10,12 @@
 * :mod:`~promptdistill.ttft.estimators` and :mod:`~promptdistill.ttft.fit`: the engine
   mechanics, the regressors, and model selection by grouped cross-validation;
 * :mod:`~promptdistill.ttft.model`: ``TTFTModel``, the engine-stamped predictor (stored in
-  the registry by :mod:`promptdistill.pipeline.ttft_models`);
-* :mod:`~promptdistill.ttft.analysis`, :mod:`~promptdistill.ttft.report` (with
-  :mod:`~promptdistill.ttft.report_text` and :mod:`~promptdistill.ttft.figures`):
-  coefficients with bootstrap intervals, the density question, the few-shot table,
-  throughput against the hardware, the queue, figures.
+  the registry by :mod:`promptdistill.pipeline.ttft_models`, with the fit figure of
+  :mod:`~promptdistill.ttft.figures`).
+
+The research study over the same profiles (coefficients with bootstrap intervals, the
+density question, the few-shot table, throughput against the hardware, the queue, its
+figures and report) is ``bench/ttft_study``: no module here imports it.
 
 Example:
     >>> model = load_ttft_model(Registry("artifacts/registry"), engine.identity)  # doctest: +SKIP

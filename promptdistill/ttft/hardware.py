@@ -16,8 +16,10 @@ AMD CPUs takes a slower code path: about half of what the machine can do) and on
   per layer, so a causal prefill of ``n`` new tokens after ``c`` cached ones costs
   ``2 x layers x width x (n^2 + 2nc)`` (up to terms linear in ``n``).
 
-Prefill throughput as a share of the matmul peak is then ``flops / ttft / peak``: how far
-the engine is from what this machine's arithmetic allows.
+The profiler records both beside every measurement (``hw_*``, ``model_*`` columns); the
+TTFT study (``bench/ttft_study/analysis.py``) sets prefill throughput against them as
+``flops / ttft / peak``: how far the engine is from what this machine's arithmetic allows.
+The rest of this module tells whether the machine is quiet enough to measure on.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Any, Callable, Mapping
 __all__ = [
     "MatmulPeak",
     "ModelFlops",
-    "batched_ceiling",
     "foreign_cpu_share",
     "machine_busy_s",
     "measure_matmul_peak",
@@ -227,20 +228,6 @@ class ModelFlops:
         for i in range(1, max(0, completion_tokens)):
             total += float(self.decode_flops(prompt_tokens + i))
         return total
-
-
-def batched_ceiling(serial_wall_s: float, total_flops: float, peak_gflops: float) -> dict[str, float]:
-    """How much faster than the serial run any batching could be on this machine.
-
-    A batch can do its arithmetic no faster than the matmul peak, so its wall time is at
-    least ``total_flops / peak``; the batched/serial throughput ratio is therefore at most
-    ``serial_wall_s / (total_flops / peak)``, which is ``1 / (the serial run's share of
-    peak)``.
-    """
-    floor_s = total_flops / (peak_gflops * 1e9)
-    serial_share = floor_s / serial_wall_s if serial_wall_s > 0 else float("nan")
-    return {"compute_floor_s": floor_s, "serial_share_of_peak": serial_share,
-            "ceiling_ratio": serial_wall_s / floor_s if floor_s > 0 else float("nan")}
 
 
 # --- is the machine quiet? ---------------------------------------------------------------------
