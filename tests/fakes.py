@@ -169,3 +169,72 @@ class FakeEvaluator:
 def numbered_records(n: int) -> list[dict[str, Any]]:
     """Records ``{"id": "0"} ... {"id": str(n - 1)}`` for a ``FakeEvaluator``."""
     return [{"id": str(i)} for i in range(n)]
+
+
+class FakeVLLMEndpoint:
+    """A stand-in for a vLLM OpenAI server's read-only endpoints on 127.0.0.1 (a thread):
+    ``/v1/models``, ``/version``, ``/metrics`` (the given Prometheus text) and, when given,
+    ``/server_info``. For the code that reads what a server says about itself; generation
+    is the real server's job (tests/test_engine_server.py). Use as a context manager.
+    """
+
+    def __init__(self, metrics: str = "", server_info: Mapping[str, Any] | None = None, model: str = "smollm2-135m"):
+        self.pages = {"/v1/models": (200, json.dumps({"data": [{"id": model}]})),
+                      "/version": (200, json.dumps({"version": "0.0-fake"})),
+                      "/metrics": (200, metrics) if metrics else (404, "")}
+        if server_info is not None:
+            self.pages["/server_info"] = (200, json.dumps(server_info))
+        self.requested: list[str] = []
+
+    def __enter__(self) -> "FakeVLLMEndpoint":
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server name
+                path = self.path.split("?", 1)[0]
+                fake.requested.append(path)
+                status, body = fake.pages.get(path, (404, ""))
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class FakeDriftingEngine(FakeEngine):
+    """A ``FakeEngine`` whose TTFT is ``per_token_ms`` per prompt token plus ``drift_ms``
+    per request sent so far: a machine that slows down while it is timed. ``log`` keeps
+    every request's messages in the order sent."""
+
+    def __init__(self, *, per_token_ms: float = 1.0, drift_ms: float = 5.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.per_token_ms, self.drift_ms = per_token_ms, drift_ms
+        self.log: list[GenerationRequest] = []
+
+    def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
+        results = []
+        for req in requests:
+            (result,) = super().generate([req])
+            result.ttft_ms = self.per_token_ms * result.prompt_tokens + self.drift_ms * len(self.log)
+            self.log.append(req)
+            results.append(result)
+        return results

@@ -17,6 +17,7 @@ Example ``promptdistill.toml``::
     served_model_name = "smollm2-135m"
     max_concurrency = 8
     timeout_s = 120
+    # block_size = 128           # KV cache block in tokens (vLLM --block-size); unset: vLLM's default
 
     [paths]
     state_dir = ".promptdistill"     # caches, Prefect results, DSPy cache
@@ -82,6 +83,10 @@ class EngineConfig:
     timeout_s: float = 120.0
     """Default per-request timeout, and the bound on every wait."""
     seed: int = 0
+    block_size: int | None = None
+    """KV cache block in tokens (vLLM's ``--block-size``), the unit the prefix cache reuses;
+    None: vLLM's default (128 on the CPU build, 16 on GPUs). The engine reports the size it
+    runs with, which is part of its identity (a TTFT model fitted at another size refits)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.server_urls, str):
@@ -145,6 +150,8 @@ class EngineConfig:
         integer("max_concurrency", 1)
         number("timeout_s", 0.0)
         integer("seed", -(2**63))
+        if self.block_size is not None:
+            integer("block_size", 1)
         if self.backend == "server" and not self.server_urls:
             raise bad("server_urls", "the server backend needs at least one URL")
         return self
@@ -214,6 +221,16 @@ def _coerce(where: str, value: Any, default: Any, from_env: bool) -> Any:
             return float(value)
         except ValueError:
             raise bad("float (a number)") from None
+    if default is None:  # an optional integer (engine.block_size): TOML has no null, "" unsets it
+        if not from_env:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise bad("int (an integer)")
+        if not value.strip():
+            return None
+        if not _INT.fullmatch(value.strip()):
+            raise bad("int (an integer, or empty for the engine's default)")
+        return int(value)
     if isinstance(default, tuple):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())

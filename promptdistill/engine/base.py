@@ -233,17 +233,35 @@ class EngineIdentity:
     max_model_len: int
     hardware: str
     engine_version: str
+    block_size: int | None = None
+    """The KV cache block in tokens the engine runs with (None: not known). Warm TTFT
+    depends on it: the prefix cache reuses whole blocks."""
+
+    def __post_init__(self) -> None:
+        # Profile tables hold it as a float column (NaN or NA when unknown): one value, one key.
+        try:
+            size = None if self.block_size is None or self.block_size != self.block_size else int(self.block_size)
+        except TypeError:  # pandas' NA has no truth value
+            size = None
+        object.__setattr__(self, "block_size", size)
 
     def key(self) -> str:
-        """A short stable id: equal identities have equal keys."""
-        return hashlib.sha256(canonical_json(asdict(self)).encode()).hexdigest()[:16]
+        """A short stable id: equal identities have equal keys.
+
+        An unknown block size is left out, so identities recorded before it was part of
+        them keep their keys; a known one makes a different engine (models refit).
+        """
+        values = asdict(self)
+        if values["block_size"] is None:
+            del values["block_size"]
+        return hashlib.sha256(canonical_json(values).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EngineIdentity":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 class Engine(ABC):

@@ -80,6 +80,8 @@ class VLLMServer:
         ]
         if self.config.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.config.block_size is not None:
+            cmd += ["--block-size", str(self.config.block_size)]
         return cmd
 
     def start(self, *, wait: bool = True) -> "VLLMServer":

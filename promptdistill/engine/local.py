@@ -78,6 +78,8 @@ class LocalEngine(Engine):
         )
         if _has_gpu():
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        if config.block_size is not None:
+            kwargs["block_size"] = config.block_size
         try:
             with _hide_modules_that_break_scans():
                 self._llm = LLM(**kwargs)
@@ -92,7 +94,15 @@ class LocalEngine(Engine):
             max_model_len=config.max_model_len,
             hardware=hardware_fingerprint(),
             engine_version=f"vllm {vllm.__version__}",
+            block_size=self._block_size(),
         )
+
+    def _block_size(self) -> int | None:
+        """The block size vLLM settled on (the platform may override the configured one)."""
+        try:
+            return int(self._llm.llm_engine.vllm_config.cache_config.block_size)
+        except (AttributeError, TypeError, ValueError):
+            return self.config.block_size
 
     # -- tokenization -------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[Message]) -> str:

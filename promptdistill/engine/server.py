@@ -21,6 +21,7 @@ import itertools
 import json
 import sys
 import time
+import warnings
 from typing import Any, Sequence
 
 import httpx
@@ -38,7 +39,7 @@ from promptdistill.engine.base import (
     hardware_fingerprint,
 )
 
-__all__ = ["ServerEngine", "request_body"]
+__all__ = ["ServerEngine", "block_size_from_metrics", "request_body", "served_block_size"]
 
 _RETRIES = 2
 _BACKOFF_S = 0.5
@@ -72,6 +73,49 @@ def request_body(req: GenerationRequest, model: str, *, stream: bool = True) -> 
     return "/completions", body
 
 
+def block_size_from_metrics(text: str) -> int | None:
+    """The KV cache block size in a vLLM server's Prometheus ``/metrics`` text, or None.
+
+    vLLM publishes its cache config as an info gauge, one sample per engine core:
+    ``vllm:cache_config_info{block_size="128",...,engine="0"} 1.0``. Several cores of one
+    server share the config; samples that disagree give None rather than a guess.
+
+    Example:
+        >>> block_size_from_metrics('vllm:cache_config_info{block_size="128",engine="0"} 1.0')
+        128
+    """
+    sizes = set()
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "vllm:cache_config_info" and "block_size" in sample.labels:
+                    sizes.add(int(sample.labels["block_size"]))
+    except ValueError:  # not Prometheus text, or a block_size that is not a number
+        return None
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def served_block_size(url: str, *, timeout_s: float = 10.0) -> int | None:
+    """The block size the vLLM server at ``url`` (``.../v1`` or its root) runs with: from
+    its ``/metrics`` (every server), else its ``/server_info`` (dev mode); None when
+    neither says."""
+    root = url.rstrip("/").removesuffix("/v1")
+    try:
+        r = httpx.get(f"{root}/metrics", timeout=timeout_s)
+        if r.status_code == 200:
+            size = block_size_from_metrics(r.text)
+            if size is not None:
+                return size
+    except httpx.HTTPError:
+        pass
+    try:
+        r = httpx.get(f"{root}/server_info", params={"config_format": "json"}, timeout=timeout_s)
+        r.raise_for_status()
+        return int(r.json()["vllm_config"]["cache_config"]["block_size"])
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+
+
 class ServerEngine(Engine):
     """Talks to vLLM's OpenAI-compatible server(s) listed in ``config.server_urls``."""
 
@@ -81,8 +125,10 @@ class ServerEngine(Engine):
         self.model = config.served_model_name
         self._next_url = itertools.cycle(range(len(self.urls)))
         self._server_version = "unknown"
+        block_size = config.block_size
         if check:
             self._check_ready()
+            block_size = self._served_block_size()
         self.identity = EngineIdentity(
             model=self.model,
             backend="vllm-server",
@@ -90,7 +136,26 @@ class ServerEngine(Engine):
             max_model_len=config.max_model_len,
             hardware=hardware_fingerprint() if _is_loopback(self.urls[0]) else "remote",
             engine_version=f"vllm {self._server_version}",
+            block_size=block_size,
         )
+
+    def _served_block_size(self) -> int | None:
+        """What the servers report (they must agree), else the configured size."""
+        reported = {url: served_block_size(url) for url in self.urls}
+        sizes = {size for size in reported.values() if size is not None}
+        if len(sizes) > 1:
+            raise EngineUnavailableError(
+                f"engine.server_urls: the servers run with different KV cache block sizes ({reported}); "
+                "one engine identity needs one size: start them with the same --block-size"
+            )
+        if not sizes:
+            return self.config.block_size
+        size = sizes.pop()
+        if self.config.block_size is not None and size != self.config.block_size:
+            warnings.warn(f"engine.block_size is {self.config.block_size} but the server runs with {size}-token "
+                          f"blocks; using {size} (start the server with --block-size {self.config.block_size} "
+                          "to have the configured size)", UserWarning, stacklevel=3)
+        return size
 
     # -- plumbing -----------------------------------------------------------------------
     def _root(self, url: str) -> str:

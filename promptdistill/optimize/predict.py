@@ -7,7 +7,10 @@ model's tokenizer and chat template). Two predictions per prompt:
 * **warm**: the static prefix (everything before the first input value) is in the
   cache, as in production where every request shares it. vLLM caches whole blocks and
   always computes the last prompt token, so
-  ``cached_tokens = block * floor(min(static_prefix_tokens, total_tokens - 1) / block)``.
+  ``cached_tokens = block * floor(min(static_prefix_tokens, total_tokens - 1) / block)``
+  (``ttft.estimators.warm_cached_tokens``, the rule the TTFT model applies too), with
+  the engine's own block size (``ttft.engine_info.engine_block_size``: 128 on the CPU
+  build, in-process or through a server; 16 by default on GPUs).
 
 Per-request examples sit after the first input (``{fewshot}`` leads the user part), so
 their tokens are never in the static prefix: their warm and cold predictions are close,
@@ -22,12 +25,14 @@ import numpy as np
 
 from promptdistill.engine.base import Engine
 from promptdistill.specs.model import Spec
+from promptdistill.ttft.engine_info import engine_block_size
+from promptdistill.ttft.estimators import warm_cached_tokens
 from promptdistill.ttft.features import prompt_features
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "MIN_TTFT_MS", "TTFTPrediction", "clip_ttft", "predict_candidate", "prefix_block_tokens", "warm_cached_tokens"]
 
 DEFAULT_BLOCK_TOKENS = 16
-"""vLLM's default KV block size (GPU builds); the CPU build reports its own (128)."""
+"""vLLM's default KV block size (GPU builds), for an engine that does not say its own."""
 MIN_TTFT_MS = 1.0
 """Predictions are clipped from below here: a regression fitted on few points can
 extrapolate to zero or negative times, and no request gets its first token faster."""
@@ -39,31 +44,10 @@ def clip_ttft(values: Any) -> np.ndarray:
 
 
 def prefix_block_tokens(engine: Any, default: int = DEFAULT_BLOCK_TOKENS) -> int:
-    """The prefix cache's block size of the vLLM engine behind ``engine`` (wrappers unwrapped)."""
-    seen = 0
-    while engine is not None and seen < 8:
-        llm = getattr(engine, "_llm", None)
-        if llm is not None:
-            try:
-                return int(llm.llm_engine.vllm_config.cache_config.block_size)
-            except AttributeError:
-                return default
-        engine = getattr(engine, "engine", None)
-        seen += 1
-    return default
-
-
-def warm_cached_tokens(static_prefix_tokens: int, total_tokens: int, block_tokens: int) -> int:
-    """Tokens a warm prefix cache serves: whole blocks of the static prefix, never the last token.
-
-    Example:
-        >>> warm_cached_tokens(300, 400, 128)
-        256
-    """
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens must be at least 1, got {block_tokens}")
-    usable = max(0, min(int(static_prefix_tokens), int(total_tokens) - 1))
-    return (usable // block_tokens) * block_tokens
+    """The prefix cache's block size of the engine behind ``engine`` (in-process or a
+    server: ``engine_block_size``), or ``default`` when the engine does not say."""
+    size = engine_block_size(engine)
+    return default if size is None else size
 
 
 class TTFTPrediction(dict):

@@ -1,11 +1,15 @@
 """What the profiler records about the engine besides its identity: the mechanics the
 TTFT models derive features from, and the model's arithmetic for the hardware report.
 
-* ``engine_mechanics``: the prefix cache's block size and the most prompt tokens one
-  engine step prefills (vLLM's ``max_num_batched_tokens``, the chunked-prefill chunk).
-  In-process they are read from the running vLLM config; from a server, from its
-  ``/server_info`` (served in dev mode, which ``VLLMServer`` turns on) or else the
-  block size from its Prometheus ``vllm:cache_config_info``.
+* ``engine_block_size``: the prefix cache's block size, the one answer the TTFT
+  profiles, the TTFT model and the optimizer's warm predictions all use. It is part of
+  the engine's identity, read when the engine starts: in-process from the running vLLM
+  config; from a server, from its Prometheus ``vllm:cache_config_info`` (``/metrics``)
+  or its ``/server_info``; else the configured ``engine.block_size``.
+* ``engine_mechanics``: that block size and the most prompt tokens one engine step
+  prefills (vLLM's ``max_num_batched_tokens``, the chunked-prefill chunk): in-process
+  from the running vLLM config, from a server from its ``/server_info`` (served in dev
+  mode, which ``VLLMServer`` turns on).
 * ``engine_model_flops``: ``ModelFlops`` of the served model's ``config.json``.
 
 Every value is None when it cannot be found; the fit then falls back (see
@@ -20,9 +24,10 @@ import httpx
 
 from promptdistill.core.errors import PromptDistillError
 from promptdistill.engine import resolve_model
+from promptdistill.engine.server import served_block_size
 from promptdistill.ttft.hardware import ModelFlops
 
-__all__ = ["engine_mechanics", "engine_model_flops", "mechanics_columns"]
+__all__ = ["engine_block_size", "engine_mechanics", "engine_model_flops", "mechanics_columns"]
 
 
 def _unwrap(engine: Any, attr: str) -> Any:
@@ -34,13 +39,35 @@ def _unwrap(engine: Any, attr: str) -> Any:
     return None
 
 
+def engine_block_size(engine: Any) -> int | None:
+    """The KV cache block size (tokens) of the engine behind ``engine``, or None.
+
+    Wrappers forward their engine's identity, which carries the size the engine reported
+    when it started (see the module docstring). A server engine made without its start-up
+    check knows only the configured size: its servers are asked here instead.
+
+    Example:
+        >>> engine_block_size(engine)   # doctest: +SKIP
+        128
+    """
+    identity = getattr(engine, "identity", None)
+    size = getattr(identity, "block_size", None)
+    if size is not None:
+        return int(size)
+    server = _unwrap(engine, "urls")
+    if server is not None and server.urls:
+        return served_block_size(server.urls[0])
+    return None
+
+
 def engine_mechanics(engine: Any) -> dict[str, Any]:
     """``{"block_tokens", "chunk_tokens", "source"}`` of a local or server vLLM engine."""
+    block = engine_block_size(engine)
     local = _unwrap(engine, "_llm")
     if local is not None:
         try:
             config = local._llm.llm_engine.vllm_config
-            return {"block_tokens": int(config.cache_config.block_size),
+            return {"block_tokens": block if block is not None else int(config.cache_config.block_size),
                     "chunk_tokens": _chunk(config.scheduler_config.max_num_batched_tokens,
                                            getattr(config.scheduler_config, "enable_chunked_prefill", True)),
                     "source": "vllm config (in-process)"}
@@ -48,8 +75,10 @@ def engine_mechanics(engine: Any) -> dict[str, Any]:
             pass
     server = _unwrap(engine, "urls")
     if server is not None and server.urls:
-        return _server_mechanics(server.urls[0])
-    return {"block_tokens": None, "chunk_tokens": None, "source": "unknown"}
+        chunk = _server_chunk(server.urls[0])
+        source = "server /server_info" if chunk is not None else "server /metrics" if block else "unknown"
+        return {"block_tokens": block, "chunk_tokens": chunk, "source": source}
+    return {"block_tokens": block, "chunk_tokens": None, "source": "engine identity" if block else "unknown"}
 
 
 def _chunk(max_batched: Any, chunked: Any) -> int | None:
@@ -57,27 +86,15 @@ def _chunk(max_batched: Any, chunked: Any) -> int | None:
     return int(max_batched) if max_batched and chunked is not False else None
 
 
-def _server_mechanics(url: str) -> dict[str, Any]:
-    root = url[: -len("/v1")] if url.endswith("/v1") else url
+def _server_chunk(url: str) -> int | None:
+    root = url.rstrip("/").removesuffix("/v1")
     try:
         r = httpx.get(f"{root}/server_info", params={"config_format": "json"}, timeout=60)
         r.raise_for_status()
-        config = r.json()["vllm_config"]
-        scheduler = config["scheduler_config"]
-        return {"block_tokens": int(config["cache_config"]["block_size"]),
-                "chunk_tokens": _chunk(scheduler.get("max_num_batched_tokens"), scheduler.get("enable_chunked_prefill")),
-                "source": "server /server_info"}
+        scheduler = r.json()["vllm_config"]["scheduler_config"]
+        return _chunk(scheduler.get("max_num_batched_tokens"), scheduler.get("enable_chunked_prefill"))
     except (httpx.HTTPError, KeyError, TypeError, ValueError):
-        pass
-    try:  # the block size alone, from the metrics every server exposes
-        r = httpx.get(f"{root}/metrics", timeout=10)
-        for line in r.text.splitlines():
-            if line.startswith("vllm:cache_config_info{") and 'block_size="' in line:
-                block = int(line.split('block_size="', 1)[1].split('"', 1)[0])
-                return {"block_tokens": block, "chunk_tokens": None, "source": "server /metrics"}
-    except (httpx.HTTPError, ValueError):
-        pass
-    return {"block_tokens": None, "chunk_tokens": None, "source": "unknown"}
+        return None
 
 
 def mechanics_columns(mechanics: dict[str, Any]) -> dict[str, Any]:

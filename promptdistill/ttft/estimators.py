@@ -69,6 +69,7 @@ __all__ = [
     "MonomialRegressor",
     "candidate_estimators",
     "term_names",
+    "warm_cached_tokens",
     "with_mechanics",
 ]
 
@@ -124,6 +125,31 @@ DENSITY_HINGE = 0.65
 """The density above which a widely shared claim says TTFT rises steeply."""
 
 
+def warm_cached_tokens(static_prefix_tokens: Any, total_tokens: Any, block_tokens: int | None) -> Any:
+    """Prompt tokens a prefix cache holding the static prefix serves: whole blocks of it,
+    never the last prompt token (it must be computed to sample the first output token).
+
+    The one place this rule lives: the TTFT models' mechanics, their warm features and the
+    optimizer's warm predictions all call it. Scalars give an int, arrays an array.
+
+    Args:
+        static_prefix_tokens: tokens asked to be cached (the static prefix, or cached_tokens).
+        total_tokens: the prompt's tokens.
+        block_tokens: the cache's block size (``engine_info.engine_block_size``); None: 1.
+
+    Example:
+        >>> warm_cached_tokens(300, 400, 128), warm_cached_tokens(256, 256, 128)
+        (256, 128)
+    """
+    block = 1 if block_tokens is None else block_tokens
+    if block < 1:
+        raise ValueError(f"block_tokens must be at least 1, got {block_tokens}")
+    usable = np.clip(np.minimum(np.asarray(static_prefix_tokens, dtype=np.float64),
+                                np.asarray(total_tokens, dtype=np.float64) - 1), 0, None)
+    cached = np.floor(usable / block) * block
+    return int(cached) if cached.ndim == 0 else cached
+
+
 class EngineMechanics(TransformerMixin, BaseEstimator):
     """``MODEL_FEATURES`` columns -> ``DERIVED_FEATURES`` columns (stateless).
 
@@ -162,9 +188,7 @@ class EngineMechanics(TransformerMixin, BaseEstimator):
         X = validate_data(self, X, dtype=np.float64, reset=False)
         u, c, k, d, h, ahead, batch = (X[:, i] for i in range(len(MODEL_FEATURES)))
         total = u + c
-        block = float(self.block_tokens or 1)
-        # Whole blocks only, and never the last prompt token (it must be computed to sample).
-        cached = np.floor(np.clip(np.minimum(c, total - 1), 0, None) / block) * block
+        cached = warm_cached_tokens(c, total, self.block_tokens)
         new = total - cached
         through = ahead + new  # tokens scheduled up to the end of this request's prefill
         if self.chunk_tokens:

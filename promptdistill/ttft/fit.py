@@ -341,5 +341,5 @@ def engine_rows(df: pd.DataFrame, engine_key: str | None = None, *, where: str =
 def identity_of(df: pd.DataFrame) -> EngineIdentity:
     """The engine identity stamped on profile rows (they must all share it)."""
     rows = engine_rows(df)
-    values = {k: rows[f"engine_{k}"].iloc[0] for k in EngineIdentity.__dataclass_fields__}
+    values = {k: rows[f"engine_{k}"].iloc[0] for k in EngineIdentity.__dataclass_fields__ if f"engine_{k}" in rows}
     return EngineIdentity.from_dict({k: v.item() if hasattr(v, "item") else v for k, v in values.items()})

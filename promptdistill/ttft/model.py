@@ -45,6 +45,7 @@ from promptdistill.ttft.estimators import (
     DERIVED_FEATURES,
     MODEL_FEATURES,
     MonomialRegressor,
+    warm_cached_tokens,
     with_mechanics,
 )
 from promptdistill.ttft.fit import OPTIONAL_INPUTS, identity_of
@@ -174,9 +175,8 @@ class TTFTModel:
         out = dict(features)
         cached = 0
         if warm:
-            block = self.mechanics.get("block_tokens") or self.training.get("cache_block_tokens") or 1
-            usable = min(int(out["static_prefix_tokens"]), int(out["total_tokens"]) - 1)
-            cached = max(0, usable) // block * block
+            block = self.mechanics.get("block_tokens") or self.training.get("cache_block_tokens")
+            cached = warm_cached_tokens(out["static_prefix_tokens"], out["total_tokens"], block)
         out["cached_tokens"] = cached
         out["uncached_tokens"] = int(out["total_tokens"]) - cached
         return out
