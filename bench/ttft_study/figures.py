@@ -27,6 +27,7 @@ from promptdistill.ttft.noise import repeat_key
 
 __all__ = ["write_figures"]
 
+
 def write_figures(df: pd.DataFrame, fit: FitResult, out: Path, *, throughput: pd.DataFrame | None = None) -> dict[str, str]:
     """The PNGs in ``out``; returns {figure name: file name}."""
     plt = pyplot()
