@@ -69,8 +69,14 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
     }
     for who, figs in (("baseline", b), ("winner", w)):
         for key in ("instruction_tokens", "total_tokens", "test_mean", "test_ci_low", "test_ci_high", "test_n",
-                    "measured_cold_ms", "measured_warm_ms", "ttft_cold_ms", "ttft_warm_ms"):
+                    "measured_cold_ms", "measured_warm_ms", "ttft_cold_ms", "ttft_warm_ms", "predicted_cold_ms",
+                    "predicted_warm_ms", "static_cached_share", "static_cached_share_predicted", "timing_n",
+                    "timing_repeats"):
             row[f"{who}_{key}"] = figs.get(key)
+    for cache in ("cold", "warm", "expected"):  # measured winner - baseline, interleaved, with its interval
+        row[f"ttft_{cache}_diff_ms"] = w.get(f"measured_{cache}_diff_ms")
+        row[f"ttft_{cache}_diff_ci"] = [w.get(f"measured_{cache}_diff_low_ms"), w.get(f"measured_{cache}_diff_high_ms")]
+    row["timing_interval"], row["timing_requests"] = w.get("timing_interval"), result.get("timing_requests")
     row["test_diff_mean"], row["test_diff_ci"] = w.get("test_diff_mean"), [w.get("test_diff_ci_low"),
                                                                            w.get("test_diff_ci_high")]
     progress(f"[{name}] {row['winner']}: {row['reason']}")
@@ -87,11 +93,29 @@ def _change(a: Any, b: Any) -> str:
     return f" ({100 * (b - a) / a:+.0f}%)"
 
 
+def _ttft(r: dict[str, Any], cache: str) -> str:
+    """``baseline (pred) -> winner (pred)``; a kept baseline is one measurement, shown once."""
+    def side(who: str) -> str:
+        return f"{_f(r[f'{who}_measured_{cache}_ms'], '.0f')} ({_f(r[f'{who}_predicted_{cache}_ms'], '.0f')})"
+    if r["kept_baseline"]:
+        return f"{side('baseline')} kept"
+    return (f"{side('baseline')} -> {side('winner')}"
+            f"{_change(r[f'baseline_measured_{cache}_ms'], r[f'winner_measured_{cache}_ms'])}")
+
+
+def _diff(r: dict[str, Any], cache: str) -> str:
+    low, high = r[f"ttft_{cache}_diff_ci"]
+    if r[f"ttft_{cache}_diff_ms"] is None:
+        return "-"
+    return f"{_f(r[f'ttft_{cache}_diff_ms'], '+.0f')} [{_f(low, '+.0f')}, {_f(high, '+.0f')}]"
+
+
 def markdown(rows: list[dict[str, Any]], preset_name: str) -> str:
     lines = [f"# Optimization outcome per bundled spec (`{preset_name}` budget: distiller, then optimizer)", "",
              "| spec | outcome | margin | certify records | bound on the drop | instruction tokens | "
-             "cold TTFT ms (measured) | warm TTFT ms | test quality [95% CI] | LM calls | tokens | minutes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "cold TTFT ms, measured (predicted) | warm TTFT ms, measured (predicted) | measured difference "
+             "[95% CI], cold / warm | static prefix cached (warm) | test quality [95% CI] | LM calls | tokens | minutes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         outcome = "baseline kept" if r["kept_baseline"] else f"certified: {r['winner']}"
         lines.append(
@@ -99,13 +123,18 @@ def markdown(rows: list[dict[str, Any]], preset_name: str) -> str:
             f"{_f(r['diff_lower'], '+.3f')} | "
             f"{_f(r['baseline_instruction_tokens'], '.0f')} -> {_f(r['winner_instruction_tokens'], '.0f')}"
             f"{_change(r['baseline_instruction_tokens'], r['winner_instruction_tokens'])} | "
-            f"{_f(r['baseline_measured_cold_ms'], '.0f')} -> {_f(r['winner_measured_cold_ms'], '.0f')}"
-            f"{_change(r['baseline_measured_cold_ms'], r['winner_measured_cold_ms'])} | "
-            f"{_f(r['baseline_measured_warm_ms'], '.0f')} -> {_f(r['winner_measured_warm_ms'], '.0f')} | "
+            f"{_ttft(r, 'cold')} | {_ttft(r, 'warm')} | {_diff(r, 'cold')} / {_diff(r, 'warm')} | "
+            f"{_f(r['baseline_static_cached_share'], '.0%')}"
+            f"{'' if r['kept_baseline'] else ' -> ' + _f(r['winner_static_cached_share'], '.0%')} | "
             f"{_f(r['baseline_test_mean'])} [{_f(r['baseline_test_ci_low'])}, {_f(r['baseline_test_ci_high'])}] -> "
             f"{_f(r['winner_test_mean'])} [{_f(r['winner_test_ci_low'])}, {_f(r['winner_test_ci_high'])}] "
             f"(n={_f(r['winner_test_n'], 'd')}) | {r['lm_calls']} | {r['tokens_processed']} | {r['minutes']:.1f} |")
     lines += ["", "Why, per spec:", ""] + [f"- **{r['spec']}**: {r['reason']}" for r in rows]
+    lines += ["", "TTFT: measured on the first test records, baseline and winner interleaved (alternating which goes "
+              "first, so drift and contention hit both); the difference is the median of the paired differences with a "
+              "95% percentile-bootstrap interval over the pairs, resampled within each record. Timing requests per spec: "
+              + ", ".join(f"{r['spec']} {r['timing_requests']} ({_f(r['baseline_timing_n'], 'd')} records x "
+                          f"{_f(r['baseline_timing_repeats'], 'd')} repeats)" for r in rows) + "."]
     total = sum(r["minutes"] for r in rows)
     lines.append(f"\nTotal: {total:.1f} minutes for {len(rows)} specs (engine start and TTFT model not included).")
     return "\n".join(lines) + "\n"

@@ -385,7 +385,9 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     assert result.splits == {"train": 100, "screen": 8, "certify": 50, "test": 8}
     # Every LM request went through the run's meter; timing requests went to the engine behind it.
     assert engine.calls == result.lm_calls + result.timing_requests
-    assert result.timing_requests == 12  # 2 records x 2 templates x (1 cold + 2 warm)
+    # 2 records x 6 repeats (12 pairs) x 2 templates, interleaved, x (1 cold + 2 warm)
+    assert result.timing_requests == 72 == 3 * len(result.timing) // 2
+    assert result.baseline["timing_repeats"] == result.winner["timing_repeats"] == 6
     assert result.lm_calls <= result.budget.max_lm_calls
     # Every candidate answers as the baseline: the finalists are certified at the first look,
     # and the certified one with the lowest expected TTFT wins (2% resolution: no tie here).
@@ -408,6 +410,20 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     assert {"free", "schema_in_prompt", "constrained"} == set(result.formats["format"])
     assert result.winner["test_n"] == 8 and result.winner["test_diff_mean"] == 0.0
     assert result.winner["measured_cold_ms"] > 0 and result.verification["rendering_checked"] == 8
+    # The fake engine's TTFT grows with the prompt: the shorter winner is measurably faster, with an interval.
+    w = result.winner
+    assert w["timing_pairs"] == 12
+    assert w["measured_cold_diff_low_ms"] <= w["measured_cold_diff_ms"] <= w["measured_cold_diff_high_ms"] < 0
+    assert w["measured_cold_ms"] < result.baseline["measured_cold_ms"]
+    assert 0 < result.baseline["static_cached_share_predicted"] <= 1
+    summary = result.to_summary()
+    assert "winner - baseline [95% CI]" in summary and "baseline and winner interleaved" in summary
+    from promptdistill.pipeline.stages import result_figures
+
+    figures = result_figures(result.to_json())
+    assert figures["ttft_diff_ms"] == pytest.approx(w["measured_expected_diff_ms"])
+    assert figures["ttft_cold_ms_predicted_after"] == pytest.approx(w["predicted_cold_ms"])
+    assert figures["kept_baseline"] is False and "interleaved pairs" in figures["ttft_timing"]
 
 
 def test_optimize_writes_tables_json_and_plot(fake_run, tmp_path):
@@ -479,6 +495,23 @@ def test_a_metric_that_scores_every_baseline_reply_zero_keeps_the_baseline(triag
     # Nothing but the baseline is screened: a metric that cannot tell replies apart is not spent on.
     others = result.candidates[result.candidates["candidate_id"] != "baseline"]
     assert len(others) and (others["screen_n"].fillna(0) == 0).all()
+
+
+def test_a_kept_baseline_is_timed_once_and_shown_once(triage):
+    spec, _, _ = triage
+    short = spec.with_changes(instruction="Pick the team for this ticket.")
+    engine = FakeEngine(reply=lambda req: json.dumps({"label": "nobody"}))
+    budget = dataclasses.replace(RUN_BUDGET, timing_records=2, formats=False, similar_counts=())
+    result = optimize(engine, with_drop(spec), ttft_model=ttft_model(), budget=budget,
+                      distill_candidates=[("short", short)])
+    assert result.kept_baseline
+    assert set(result.timing["template"]) == {"baseline"}
+    assert result.timing_requests == 2 * 6 * 3  # one template: half the cost of a comparison
+    for key in ("measured_cold_ms", "measured_warm_ms", "predicted_warm_ms", "static_cached_share"):
+        assert result.winner[key] == result.baseline[key]
+    assert result.winner.get("measured_cold_diff_ms") is None
+    summary = result.to_summary()
+    assert "baseline (kept)" in summary and "winner - baseline [95% CI]" not in summary
 
 
 def test_a_winner_that_fails_on_test_is_reverted_to_the_baseline(triage):

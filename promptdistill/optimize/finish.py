@@ -21,7 +21,14 @@ from promptdistill.optimize.predict import MIN_TTFT_MS
 from promptdistill.optimize.result import OptimizationResult
 from promptdistill.optimize.run import OptimizeRun, format_variants
 from promptdistill.optimize.select import TokenBudget, pareto_mask, token_budget
-from promptdistill.optimize.verify import check_rendering, measure_ttft, timing_summary
+from promptdistill.optimize.verify import (
+    TimedTemplate,
+    check_rendering,
+    measure_ttft_interleaved,
+    timing_repeats,
+    timing_summary,
+    ttft_difference,
+)
 from promptdistill.search.racing import TIE
 from promptdistill.specs.datasets import dataset_hash
 from promptdistill.specs.model import Spec
@@ -218,9 +225,12 @@ def finish(run: OptimizeRun) -> OptimizationResult:
             verification["rendering_checked"] = check_rendering(content, final_spec, winner.examples, test)
             winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep)}
         if run.budget.timing_records > 0:
-            timing_rows = _timing(run, winner, final_spec, content)
+            timing_rows = _timing(run, winner, final_spec, content, kept)
             baseline_fig.update(timing_summary(timing_rows, "baseline", run.warm_share))
-            winner_fig.update(timing_summary(timing_rows, "winner", run.warm_share))
+            # A kept baseline is one prompt: timed once, the same figures on both sides.
+            winner_fig.update(timing_summary(timing_rows, "baseline" if kept else "winner", run.warm_share))
+            if not kept:
+                winner_fig.update(ttft_difference(timing_rows, warm_share=run.warm_share, seed=run.seed))
     else:
         verification["note"] = "the dataset has no test records: nothing verified"
     winner_fig.update({"max_tokens": tb.max_tokens, "truncation_rate": tb.truncation_rate, "format": fmt})
@@ -246,17 +256,19 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     )
 
 
-def _timing(run: OptimizeRun, winner: ExampleCandidate, final_spec: Spec, content: dict) -> list[dict]:
+def _timing(run: OptimizeRun, winner: ExampleCandidate, final_spec: Spec, content: dict, kept: bool) -> list[dict]:
+    """The baseline and the winner timed interleaved on the first ``timing_records`` test
+    records, repeated to at least ``MIN_TIMING_PAIRS`` pairs; a kept baseline alone."""
     base = run.baseline
     n = run.budget.timing_records
     base_content = template_content(base.spec, base.examples, max_tokens=run.spec.max_tokens, sampling=SAMPLING)
-    rows = measure_ttft(run.timing_engine, base_content, base.spec, base.examples, run.splits.test, model=run.model,
-                        n=n, block_tokens=run.block_tokens, label="baseline", seed=run.seed)
-    rows += measure_ttft(run.timing_engine, content, final_spec, winner.examples,
-                         run.records_for(winner, run.splits.test), model=run.model, n=n,
-                         block_tokens=run.block_tokens, label="winner", seed=run.seed,
-                         fewshot_count=winner.k if winner.strategy == "similar" else None)
-    return rows
+    templates = [TimedTemplate("baseline", base_content, base.spec, base.examples, run.splits.test)]
+    if not kept:
+        templates.append(TimedTemplate("winner", content, final_spec, winner.examples,
+                                       run.records_for(winner, run.splits.test),
+                                       fewshot_count=winner.k if winner.strategy == "similar" else None))
+    return measure_ttft_interleaved(run.timing_engine, templates, model=run.model, n=n, repeats=timing_repeats(n),
+                                    block_tokens=run.block_tokens, seed=run.seed)
 
 
 def _ids_hash(records: Sequence[Any]) -> str:

@@ -167,13 +167,13 @@ class OptimizationResult:
             ("test_ci_low", "  test CI low", ".3f"), ("test_ci_high", "  test CI high", ".3f"),
             ("test_n", "  test records", "d"),
             ("ttft_cold_ms", "pred. TTFT cold ms", ".0f"), ("ttft_warm_ms", "pred. TTFT warm ms", ".0f"),
-            ("measured_cold_ms", "meas. TTFT cold ms", ".0f"), ("measured_warm_ms", "meas. TTFT warm ms", ".0f"),
             ("test_valid_json_rate", "test valid JSON", ".3f"), ("total_tokens", "prompt tokens", ".0f"),
             ("max_tokens", "max_tokens", "d"),
         ):
             lines.append(f"  {label:<20} {_num(self.baseline.get(key), fmt):>12} {_num(self.winner.get(key), fmt):>12}")
         lines.append(f"  {'test diff [95% CI]':<20} {'':>12} {_num(self.winner.get('test_diff_mean'), '+.3f'):>12} "
                      f"[{_num(self.winner.get('test_diff_ci_low'), '+.3f')}, {_num(self.winner.get('test_diff_ci_high'), '+.3f')}]")
+        lines += self._timing_lines()
         tb = self.token_budget
         lines += [
             "",
@@ -189,6 +189,36 @@ class OptimizationResult:
         ]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def _timing_lines(self) -> list[str]:
+        """Measured against predicted TTFT on the timed test records, per side, and the
+        measured difference with its interval (a kept baseline: one measurement, once)."""
+        b, w = self.baseline, self.winner
+        if b.get("measured_cold_ms") is None:
+            return []
+        how = (f"{_num(b.get('timing_n'), 'd')} test records x {_num(b.get('timing_repeats'), 'd')} repeats"
+               + ("" if self.kept_baseline else ", baseline and winner interleaved"))
+        lines = ["", f"TTFT on the engine ({how}; predicted for the same prompts)"]
+        rows = [(f"{kind} {cache}", f"{kind}_{cache}_ms", ".0f") for cache in ("cold", "warm", "expected")
+                for kind in ("measured", "predicted")]
+        rows += [("static prefix cached", "static_cached_share", ".0%"),
+                 ("  predicted", "static_cached_share_predicted", ".0%")]
+        if self.kept_baseline:
+            lines.append(f"  {'':<22} {'baseline (kept)':>15}")
+            lines += [f"  {label:<22} {_num(b.get(key), fmt):>15}" for label, key, fmt in rows]
+            return lines
+        lines.append(f"  {'':<22} {'baseline':>10} {'winner':>10}   winner - baseline [95% CI]")
+        for label, key, fmt in rows:
+            diff = ""
+            if key.startswith("measured_"):
+                d = key.removesuffix("_ms") + "_diff"
+                diff = (f"   {_num(w.get(d + '_ms'), '+.0f')} [{_num(w.get(d + '_low_ms'), '+.0f')}, "
+                        f"{_num(w.get(d + '_high_ms'), '+.0f')}]")
+            lines.append(f"  {label:<22} {_num(b.get(key), fmt):>10} {_num(w.get(key), fmt):>10}{diff}")
+        if w.get("timing_interval"):
+            lines.append(f"  (difference: {w['timing_interval']}; static prefix cached: cached tokens of a warm "
+                         "request over the static prefix's tokens)")
+        return lines
 
     # ------------------------------------------------------------------ output
     def to_json(self) -> dict[str, Any]:

@@ -3,16 +3,32 @@
 * ``check_rendering``: the template content, rendered with ``render_messages`` (the
   function the registry client's ``Template.render`` calls), gives exactly the messages
   the evaluator sent (``spec_messages``). What was verified is what gets published.
-* ``measure_ttft``: prefill-only requests (``max_tokens`` 1, no schema, as the TTFT
-  profiler measures) rendered from the template content, one at a time:
-  cold after ``reset_prefix_cache()``; warm after a reset and one request for another
-  record with the same template, so only the shared static prefix is in the cache, as
-  in production. Each row carries the predicted TTFT for the same prompt.
+* ``measure_ttft_interleaved``: prefill-only requests (``max_tokens`` 1, no schema, as the
+  TTFT profiler measures) rendered from each template's content, one at a time. Cold:
+  after ``reset_prefix_cache()``; warm: after a reset and one request for another record
+  with the same template, so only the shared static prefix is in the cache, as in
+  production. The templates (baseline and winner) are timed **interleaved**: for each
+  record and repeat, cold then warm, both templates back to back, the one that goes
+  first alternating, so drift and contention on the machine hit both alike. Each row
+  carries the predicted TTFT for the same prompt.
+* ``timing_summary``: one template's measured and predicted TTFT, cold, warm and
+  expected, and how much of its static prefix a warm cache served.
+* ``ttft_difference``: winner minus baseline from the interleaved pairs: the **median
+  of the paired differences** with a 95% **percentile-bootstrap** interval that
+  resamples the pairs within each record (records are the design, the repeats the
+  noise), per cache state and for the expected TTFT.
+
+Cost: ``3 x repeats`` requests per record and template (cold: one; warm: the primer and
+the measured one); ``timing_repeats`` makes at least ``MIN_TIMING_PAIRS`` pairs.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from promptdistill.engine.base import Engine, GenerationRequest
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
@@ -22,7 +38,12 @@ from promptdistill.specs.prompt import spec_messages
 from promptdistill.specs.render import render_messages
 from promptdistill.ttft.features import prompt_features
 
-__all__ = ["check_rendering", "measure_ttft", "timing_summary"]
+__all__ = ["MIN_TIMING_PAIRS", "TimedTemplate", "check_rendering", "measure_ttft", "measure_ttft_interleaved",
+           "timing_repeats", "timing_summary", "ttft_difference"]
+
+MIN_TIMING_PAIRS = 12
+"""Paired measurements per cache state the interval is built on (records x repeats)."""
+TIMING_CONFIDENCE = 0.95
 
 
 def check_rendering(content: Mapping[str, Any], spec: Spec, examples: Sequence[Mapping[str, Any]],
@@ -41,6 +62,96 @@ def check_rendering(content: Mapping[str, Any], spec: Spec, examples: Sequence[M
     return len(records)
 
 
+@dataclass(frozen=True)
+class TimedTemplate:
+    """One template to time: its content (what is published) and how to predict it."""
+
+    label: str
+    """'baseline' or 'winner': the rows' ``template``."""
+    content: Mapping[str, Any]
+    spec: Spec
+    examples: Sequence[Mapping[str, Any]]
+    records: Sequence[Mapping[str, Any]]
+    """The records to render, in the same order for every template (pairs share an index)."""
+    fewshot_count: int | None = None
+    """Overrides the feature (per-request examples are not in ``examples``)."""
+
+
+def timing_repeats(n_records: int, min_pairs: int = MIN_TIMING_PAIRS) -> int:
+    """Repeats per record so that ``n_records x repeats >= min_pairs`` (0 without records).
+
+    Example:
+        >>> timing_repeats(2), timing_repeats(5), timing_repeats(20)
+        (6, 3, 1)
+    """
+    return 0 if n_records <= 0 else max(1, math.ceil(min_pairs / n_records))
+
+
+def measure_ttft_interleaved(
+    engine: Engine,
+    templates: Sequence[TimedTemplate],
+    *,
+    model: Any,
+    n: int,
+    repeats: int,
+    block_tokens: int,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Time every template on its first ``n`` records, ``repeats`` times each, interleaved.
+
+    For record i and repeat j the templates are timed cold, then warm, back to back; the
+    order of the templates alternates with ``i * repeats + j``.
+
+    Returns:
+        One row per measurement: template, record_id, repeat, first (did this template
+        go first), cache ('cold'/'warm'), ttft_ms, prompt_tokens, cached_tokens,
+        static_prefix_tokens, predicted_ms, predicted_cached_tokens, reset_ok.
+    """
+    pools = [list(t.records[: n + 1]) for t in templates]
+    if n <= 0 or repeats <= 0 or not templates or min(len(p) for p in pools) < 2:
+        return []
+    n = min([n, *(len(p) - 1 for p in pools)])
+
+    def request(t: TimedTemplate, r: Mapping[str, Any]) -> GenerationRequest:
+        messages = render_messages(t.content["system"], t.content["user"], r["inputs"])
+        return GenerationRequest(messages=messages, max_tokens=1, temperature=0.0, seed=seed)
+
+    rows = []
+    for i in range(n):
+        expected = [_prediction(engine, model, t, pool[i], block_tokens) for t, pool in zip(templates, pools, strict=True)]
+        for j in range(repeats):
+            order = list(range(len(templates)))
+            if (i * repeats + j) % 2:
+                order.reverse()
+            for cache in ("cold", "warm"):
+                for place, k in enumerate(order):
+                    t, pool, p = templates[k], pools[k], expected[k]
+                    reset_ok = bool(engine.reset_prefix_cache())
+                    if cache == "warm":
+                        engine.generate([request(t, pool[(i + 1) % len(pool)])])
+                    result = engine.generate([request(t, pool[i])])[0]
+                    rows.append({
+                        "template": t.label, "record_id": str(pool[i]["id"]), "repeat": j, "first": place == 0,
+                        "cache": cache, "ttft_ms": result.ttft_ms, "prompt_tokens": result.prompt_tokens,
+                        "cached_tokens": result.cached_tokens, "static_prefix_tokens": p["static_prefix_tokens"],
+                        "predicted_ms": p[cache], "predicted_cached_tokens": 0 if cache == "cold" else p["warm_cached"],
+                        "reset_ok": reset_ok,
+                    })
+    return rows
+
+
+def _prediction(engine: Engine, model: Any, t: TimedTemplate, record: Mapping[str, Any],
+                block_tokens: int) -> dict[str, float]:
+    f = dict(prompt_features(t.spec, record["inputs"], engine, examples=t.examples))
+    if t.fewshot_count is not None:
+        f["fewshot_count"] = t.fewshot_count
+    warm = warm_cached_tokens(f["static_prefix_tokens"], f["total_tokens"], block_tokens)
+    cold_ms, warm_ms = clip_ttft(model.predict_many([{**f, "cached_tokens": 0}, {**f, "cached_tokens": warm}],
+                                                    engine_identity=engine.identity))
+    return {"cold": float(cold_ms), "warm": float(warm_ms), "warm_cached": warm,
+            "static_prefix_tokens": int(f["static_prefix_tokens"])}
+
+
 def measure_ttft(
     engine: Engine,
     content: Mapping[str, Any],
@@ -54,50 +165,24 @@ def measure_ttft(
     fewshot_count: int | None = None,
     label: str = "",
     seed: int = 0,
+    repeats: int = 1,
 ) -> list[dict[str, Any]]:
-    """Measure TTFT cold and warm for the first ``n`` records (another record primes the warm run).
-
-    Returns:
-        One row per measurement: template, record_id, cache ('cold'/'warm'), ttft_ms,
-        prompt_tokens, cached_tokens, predicted_ms, reset_ok.
-    """
-    pool = list(records[: n + 1])
-    if n <= 0 or len(pool) < 2:
-        return []
-
-    def request(r: Mapping[str, Any]) -> GenerationRequest:
-        messages = render_messages(content["system"], content["user"], r["inputs"])
-        return GenerationRequest(messages=messages, max_tokens=1, temperature=0.0, seed=seed)
-
-    rows = []
-    for i, r in enumerate(pool[:n]):
-        f = dict(prompt_features(spec, r["inputs"], engine, examples=examples))
-        if fewshot_count is not None:
-            f["fewshot_count"] = fewshot_count
-        warm_assumed = warm_cached_tokens(f["static_prefix_tokens"], f["total_tokens"], block_tokens)
-        cold, warm = clip_ttft(model.predict_many([{**f, "cached_tokens": 0}, {**f, "cached_tokens": warm_assumed}],
-                                                  engine_identity=engine.identity))
-        predicted = {"cold": float(cold), "warm": float(warm)}
-        for cache in ("cold", "warm"):
-            reset_ok = bool(engine.reset_prefix_cache())
-            if cache == "warm":
-                engine.generate([request(pool[(i + 1) % len(pool)])])
-            result = engine.generate([request(r)])[0]
-            rows.append({
-                "template": label, "record_id": str(r["id"]), "cache": cache, "ttft_ms": result.ttft_ms,
-                "prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
-                "predicted_ms": predicted[cache], "predicted_cached_tokens": 0 if cache == "cold" else warm_assumed,
-                "reset_ok": reset_ok,
-            })
-    return rows
+    """One template's TTFT, cold and warm, on its first ``n`` records (see
+    ``measure_ttft_interleaved``; comparing two templates wants that instead)."""
+    template = TimedTemplate(label, content, spec, examples, records, fewshot_count)
+    return measure_ttft_interleaved(engine, [template], model=model, n=n, repeats=repeats,
+                                    block_tokens=block_tokens, seed=seed)
 
 
 def timing_summary(rows: Sequence[Mapping[str, Any]], label: str, warm_share: float = 0.8) -> dict[str, Any]:
     """Mean measured and predicted TTFT, cold, warm and expected (``warm_share`` warm),
-    for one template's rows."""
+    for one template's rows, and the share of its static prefix a warm cache served
+    (``static_cached_share``: cached tokens the engine reported over static prefix tokens;
+    ``static_cached_share_predicted``: what the prediction assumed, whole blocks)."""
     out: dict[str, Any] = {}
+    mine = [r for r in rows if r["template"] == label]
     for cache in ("cold", "warm"):
-        sel = [r for r in rows if r["template"] == label and r["cache"] == cache]
+        sel = [r for r in mine if r["cache"] == cache]
         if not sel:
             out.update({f"measured_{cache}_ms": None, f"predicted_{cache}_ms": None, f"abs_pct_err_{cache}": None})
             continue
@@ -112,5 +197,69 @@ def timing_summary(rows: Sequence[Mapping[str, Any]], label: str, warm_share: fl
     for kind in ("measured", "predicted"):
         cold, warm = out[f"{kind}_cold_ms"], out[f"{kind}_warm_ms"]
         out[f"{kind}_expected_ms"] = None if cold is None or warm is None else expected_ttft(cold, warm, warm_share)
-    out["timing_n"] = len({r["record_id"] for r in rows if r["template"] == label})
+    warm_rows = [r for r in mine if r["cache"] == "warm" and r.get("static_prefix_tokens") is not None]
+    static = sum(r["static_prefix_tokens"] for r in warm_rows) / len(warm_rows) if warm_rows else None
+    out["static_prefix_tokens_timed"] = static
+    out["static_cached_share"] = (sum(r["cached_tokens"] for r in warm_rows) / len(warm_rows) / static) if static else None
+    out["static_cached_share_predicted"] = (sum(r["predicted_cached_tokens"] for r in warm_rows) / len(warm_rows) / static
+                                            if static else None)
+    out["timing_n"] = len({r["record_id"] for r in mine})
+    out["timing_repeats"] = len({r.get("repeat", 0) for r in mine})
+    return out
+
+
+def ttft_difference(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    warm_share: float,
+    first: str = "baseline",
+    second: str = "winner",
+    confidence: float = TIMING_CONFIDENCE,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Measured ``second - first`` TTFT from interleaved rows, with an interval.
+
+    A pair is the two templates' measurements of one record in one repeat and cache state
+    (taken back to back). Per cache state, and for the expected TTFT (``warm_share`` of
+    each pair's warm difference plus the rest of its cold one): the median of the paired
+    differences and a two-sided percentile-bootstrap interval that resamples the pairs
+    within each record. Fewer than two pairs give the median and no interval.
+
+    Returns:
+        ``measured_{cold,warm,expected}_diff_ms`` with ``_low_ms``/``_high_ms``,
+        ``timing_pairs`` (pairs per cache state), ``timing_interval`` (how it was made).
+    """
+    by_key: dict[tuple[str, str, int, str], float] = {}
+    for r in rows:
+        by_key[(r["template"], r["record_id"], int(r.get("repeat", 0)), r["cache"])] = float(r["ttft_ms"])
+    diffs: dict[str, dict[str, list[float]]] = {"cold": {}, "warm": {}, "expected": {}}
+    keys = sorted({(rec, rep) for (t, rec, rep, _c) in by_key if t == first})
+    for rec, rep in keys:
+        pair = {}
+        for cache in ("cold", "warm"):
+            a, b = by_key.get((first, rec, rep, cache)), by_key.get((second, rec, rep, cache))
+            if a is not None and b is not None:
+                pair[cache] = b - a
+                diffs[cache].setdefault(rec, []).append(b - a)
+        if len(pair) == 2:
+            diffs["expected"].setdefault(rec, []).append(warm_share * pair["warm"] + (1 - warm_share) * pair["cold"])
+    out: dict[str, Any] = {}
+    rng = np.random.default_rng(seed)
+    for cache, per_record in diffs.items():
+        pooled = np.concatenate([np.asarray(v) for v in per_record.values()]) if per_record else np.zeros(0)
+        median = float(np.median(pooled)) if pooled.size else None
+        low = high = None
+        if pooled.size >= 2:
+            groups = [np.asarray(v) for v in per_record.values()]
+            boots = np.empty(n_boot)
+            for b in range(n_boot):
+                boots[b] = np.median(np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups]))
+            tail = (1.0 - confidence) / 2.0
+            low, high = (float(x) for x in np.quantile(boots, [tail, 1.0 - tail]))
+        out.update({f"measured_{cache}_diff_ms": median, f"measured_{cache}_diff_low_ms": low,
+                    f"measured_{cache}_diff_high_ms": high})
+    out["timing_pairs"] = sum(len(v) for v in diffs["cold"].values())
+    out["timing_interval"] = (f"median of {out['timing_pairs']} interleaved pairs ({second} - {first}), "
+                              f"{confidence:.0%} percentile bootstrap within records")
     return out
