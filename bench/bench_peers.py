@@ -71,6 +71,7 @@ setup()
 from promptdistill.core.config import load_settings  # noqa: E402 - after the process defaults
 from promptdistill.core.jsonio import atomic_write, write_json  # noqa: E402
 from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult  # noqa: E402
+from promptdistill.specs.render import unescape_braces  # noqa: E402
 
 DEFAULT_SPECS = ("invoice_extraction", "ticket_triage", "word_problems")
 PEERS = ("mipro", "gepa", "gepa_ttft")
@@ -249,7 +250,7 @@ def peer_spec(spec: Any, instruction: str, demos: Sequence[Mapping[str, Any]]) -
 
 def content_spec(spec: Any, content: Mapping[str, Any]) -> Any:
     """The spec that renders exactly ``content`` (its system text literal, no separate examples)."""
-    system = content["system"].replace("{{", "{").replace("}}", "}")  # build_system's escaping, undone
+    system = unescape_braces(content["system"])  # build_system's escaping, undone
     examples = dataclasses.replace(spec.examples, count=0, selection="first", ids=())
     return literal_spec(spec, system, context=None, constraints=(), examples=examples, user=content["user"],
                         output_schema=content["output_schema"], max_tokens=content["max_tokens"])

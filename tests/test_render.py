@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from promptdistill.specs.render import render_messages
+from promptdistill.specs.render import escape_braces, render_messages, render_text, unescape_braces
 from promptdistill.specs import ExamplesConfig, Spec, build_system, spec_messages, template_content
 
 HOSTILE = [
@@ -70,6 +70,8 @@ def test_example_records_are_inserted_literally_into_the_static_part(ticket, oth
 
     record = {"id": "r1", "inputs": {"ticket": ticket, "other": other}, "expected": expected}
     system = spec_messages(SPEC, {"ticket": "a", "other": "b"}, examples=[record])[0]["content"]
+    if isinstance(expected, dict):  # an example shows only the reply's own fields (the schema's properties)
+        expected = {k: v for k, v in expected.items() if k in SPEC.output_schema["properties"]}
     shown = expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
     assert system.endswith(f"Examples:\n\n{f'T: {ticket} / {other}' + chr(10) + f'A: {shown}'}".strip())
     assert system.startswith('Classify. Reply {"label": "x"}; braces { } are literal here.\n\nLabels: {billing} and {{shipping}}.')
@@ -116,3 +118,12 @@ def test_system_is_escaped_once():
     assert "{{billing}}" in system and "{{{{shipping}}}}" in system
     with pytest.raises(Exception, match="no value"):
         spec_messages(SPEC, {"ticket": "only one"})
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=hostile_text)
+def test_escaped_text_renders_as_itself_and_unescapes_back(text):
+    """Static text (an instruction, an examples header) escaped once is literal to the renderer."""
+    assert render_text(escape_braces(text), {}) == text
+    assert unescape_braces(escape_braces(text)) == text
+    assert "{" not in escape_braces(text).replace("{{", "")

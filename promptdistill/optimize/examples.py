@@ -23,7 +23,7 @@ from sklearn.metrics.pairwise import linear_kernel
 
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import format_example, select_examples
-from promptdistill.specs.render import render_text
+from promptdistill.specs.render import escape_braces, render_text
 
 __all__ = ["FEWSHOT_INPUT", "SimilarExamples", "fixed_spec", "fixed_subsets", "per_request_spec", "with_fewshot"]
 
@@ -77,7 +77,7 @@ def per_request_spec(spec: Spec) -> Spec:
     """``spec`` with no system examples and a ``{fewshot}`` input leading the user part."""
     if FEWSHOT_INPUT in spec.inputs:
         raise ValueError(f"{spec.where}: inputs: {FEWSHOT_INPUT!r} is reserved for per-request examples")
-    header = (spec.examples.header or "").replace("{", "{{").replace("}", "}}")
+    header = escape_braces(spec.examples.header or "")
     lead = f"{header}\n\n{{{FEWSHOT_INPUT}}}" if header else f"{{{FEWSHOT_INPUT}}}"
     return spec.with_changes(
         user=f"{lead}\n\n{spec.user}",

@@ -14,7 +14,7 @@ from promptdistill.core.errors import SpecError
 from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.datasets import dataset_for, records
 from promptdistill.specs.model import Spec, rules_block
-from promptdistill.specs.render import placeholders, render_messages, render_text
+from promptdistill.specs.render import escape_braces, placeholders, render_messages, render_text
 from promptdistill.specs.schema_from import request_schema
 
 __all__ = [
@@ -123,10 +123,6 @@ def format_example(spec: Spec, record: Mapping[str, Any]) -> str:
     return render_text(fmt, example_values(record)).strip()
 
 
-def _escape(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
-
-
 def build_system(spec: Spec, examples: Sequence[Mapping[str, Any]] = ()) -> str:
     """The static system text, escaped so that ``render_messages`` passes it through literally.
 
@@ -140,7 +136,7 @@ def build_system(spec: Spec, examples: Sequence[Mapping[str, Any]] = ()) -> str:
     if examples:
         shown = "\n\n".join(format_example(spec, r) for r in examples)
         parts.append(f"{spec.examples.header}\n\n{shown}" if spec.examples.header else shown)
-    return _escape("\n\n".join(parts))
+    return escape_braces("\n\n".join(parts))
 
 
 def check_inputs(spec: Spec, inputs: Mapping[str, Any]) -> None:

@@ -21,8 +21,8 @@ import json
 import re
 from typing import Any, Iterable, Mapping
 
-__all__ = ["TemplateSyntaxError", "check_template", "mask_escapes", "placeholders", "render_messages", "render_text",
-           "render_text_spans", "value_text"]
+__all__ = ["TemplateSyntaxError", "check_template", "escape_braces", "mask_escapes", "placeholders", "render_messages",
+           "render_text", "render_text_spans", "unescape_braces", "value_text"]
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
 
@@ -150,6 +150,27 @@ def render_messages(system: str, user: str, inputs: Mapping[str, Any]) -> list[d
         messages.append({"role": "system", "content": render_text(system, {})})
     messages.append({"role": "user", "content": render_text(user, inputs)})
     return messages
+
+
+def escape_braces(text: str) -> str:
+    """``text`` as static template text: every brace doubled, so nothing in it is a placeholder.
+
+    Example:
+        >>> escape_braces('Reply {"label": "x"}')
+        'Reply {{"label": "x"}}'
+    """
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def unescape_braces(template: str) -> str:
+    """The text a static template part stands for: ``{{``/``}}`` back to ``{``/``}``
+    (the inverse of :func:`escape_braces`; placeholders are left as they are).
+
+    Example:
+        >>> unescape_braces('Reply {{"label": "x"}}')
+        'Reply {"label": "x"}'
+    """
+    return template.replace("{{", "{").replace("}}", "}")
 
 
 def mask_escapes(template: str) -> str:

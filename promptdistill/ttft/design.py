@@ -42,7 +42,7 @@ from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.datasets import dataset_for, records
 from promptdistill.specs.load import load_specs
 from promptdistill.specs.prompt import format_example, select_examples, spec_messages
-from promptdistill.specs.render import placeholders, render_messages
+from promptdistill.specs.render import escape_braces, placeholders, render_messages
 from promptdistill.specs.text import FILLER_WORDS
 from promptdistill.ttft.features import (
     features_from_messages,
@@ -250,7 +250,7 @@ def build_prompt(point: DesignPoint, corpus: Corpus, tokenizer: Any) -> BuiltPro
         more = [str(r["inputs"].get(main, "")) for r in held[point.record_offset + 1 :] + held[: point.record_offset]]
         fixed = len(tok(render_messages("", spec.user, {**inputs, main: ""})[0]["content"]))
         inputs[main] = _fit_tokens("\n\n".join([inputs[main], *more]), user_budget - fixed, tok)
-    messages = render_messages(system.replace("{", "{{").replace("}", "}}"), spec.user, inputs)
+    messages = render_messages(escape_braces(system), spec.user, inputs)
     features = features_from_messages(
         messages, tokenizer, instruction_text=instruction, fewshot_count=len(shown), fewshot_tokens=example_tokens
     )
