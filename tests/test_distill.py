@@ -223,6 +223,21 @@ def test_config_rejects_nonsense():
         DistillConfig(max_lm_calls=0)
 
 
+def test_a_stage_run_is_behind_the_lm_cache_and_writes_its_folder(triage, tmp_path):
+    """``run_distill``, what ``promptdistill distill`` and the nightly's stage both call:
+    a rerun with the same cache makes no LM call and picks the same winner."""
+    from promptdistill.pipeline.stages import run_distill
+
+    spec, splits = triage
+    engine = triage_engine(records(splits))
+    first, folder = run_distill(engine, spec, config=small(), out_dir=tmp_path / "a", cache_path=tmp_path / "lm.sqlite")
+    calls = engine.calls
+    again, _ = run_distill(engine, spec, config=small(), out_dir=tmp_path / "b", cache_path=tmp_path / "lm.sqlite")
+    assert calls > 0 and engine.calls == calls
+    assert again.winner.id == first.winner.id and MAIN_RULE in again.winner.spec.instruction_text()
+    assert folder == tmp_path / "a" and (folder / "candidates.parquet").is_file()
+
+
 def test_cli_parses_budgets_and_prints_every_table(triage):
     from promptdistill.cli import build_parser
     from promptdistill.cli.distill import _config, format_result

@@ -114,7 +114,7 @@ def night(tmp_path_factory):
     (root / "prompts").mkdir()
     (root / "datasets").mkdir()
     (root / "prompts" / "ticket_triage.yaml").write_text(
-        (PROMPTS / "ticket_triage.yaml").read_text().replace("max_quality_drop: 0.08", "max_quality_drop: 0.3"))
+        (PROMPTS / "ticket_triage.yaml").read_text().replace("max_quality_drop: 0.05", "max_quality_drop: 0.3"))
     shutil.copy(PROMPTS.parent / "datasets" / "ticket_triage.jsonl", root / "datasets")
     spec = load_spec(root / "prompts" / "ticket_triage.yaml")
     assert spec.slo.max_quality_drop == 0.3

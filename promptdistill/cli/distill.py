@@ -48,9 +48,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 def _distill(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
-    from promptdistill.distill import distill
     from promptdistill.pipeline.session import open_engines
-    from promptdistill.pipeline.stages import cached
+    from promptdistill.pipeline.stages import run_distill
     from promptdistill.specs.load import load_spec
 
     settings = load_settings(args.config)
@@ -64,27 +63,24 @@ def _distill(args: argparse.Namespace) -> int:
               f"{config.max_minutes:g} min; dev {config.dev_size} (screen {config.screen_size}), "
               f"test {config.test_size}, alpha {config.alpha:g}"
               + (f"; judge {judge_engine.identity.model}" if judge_engine else "") + ")", file=sys.stderr)
-        with cached(engine, cache) as lm, cached(judge_engine, cache) as judge:
-            result = distill(lm, spec, config=config, judge_engine=judge)
-            if cache is not None:
-                print(f"LM cache: {lm.real_calls} real calls, {lm.cache_hits} cache hits", file=sys.stderr)
-    path = result.write(out)
+        result, path = run_distill(engine, spec, config=config, out_dir=out, cache_path=cache, judge_engine=judge_engine)
     print(format_result(result))
     print(f"\nwritten: {path}")
     return 0
 
 
 def _log_progress() -> None:
-    """The loop's progress lines on stderr (only the distiller's logger, not vLLM's)."""
+    """The loop's progress lines and the LM cache's counts on stderr (our loggers only, not vLLM's)."""
     import logging
 
-    logger = logging.getLogger("promptdistill.distill")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("  [distill %(asctime)s] %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    for name in ("promptdistill.distill", "promptdistill.pipeline.stages"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("  [distill %(asctime)s] %(message)s", "%H:%M:%S"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
 
 
 def _cut(text: str | None, width: int) -> str:

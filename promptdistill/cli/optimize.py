@@ -70,10 +70,9 @@ def _variants(args: argparse.Namespace, spec: Any, state_dir: Path) -> Any:
 
 def _optimize(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
-    from promptdistill.optimize import optimize
     from promptdistill.pipeline.publish import CANDIDATE_LABEL, publish_result
     from promptdistill.pipeline.session import open_engines
-    from promptdistill.pipeline.stages import cached
+    from promptdistill.pipeline.stages import run_optimize
     from promptdistill.pipeline.ttft_models import load_ttft_model
     from promptdistill.registry.store import Registry
     from promptdistill.specs.load import load_spec
@@ -89,12 +88,10 @@ def _optimize(args: argparse.Namespace) -> int:
         model = load_ttft_model(registry, engine.identity)
         print(f"optimizing {spec.name} on {engine.identity.model} (budget {budget.max_lm_calls} LM calls, "
               f"{budget.max_minutes:g} min; TTFT model {model.version} from {settings.registry})", file=sys.stderr)
-        with cached(engine, cache) as lm, cached(judge_engine, cache) as judge:
-            result = optimize(lm, spec, ttft_model=model, budget=budget, seed=args.seed,
-                              distill_candidates=variants, selection=rule, judge_engine=judge)
-    paths = result.write(out)
+        result = run_optimize(engine, spec, ttft_model=model, budget=budget, selection=rule, seed=args.seed, out_dir=out,
+                              variants=variants, cache_path=cache, judge_engine=judge_engine)
     print(result.to_summary())
-    print(f"\nwritten: {paths['candidates'].parent} (candidates.parquet, result.json, pareto.png)")
+    print(f"\nwritten: {out} (candidates.parquet, result.json, pareto.png)")
     if args.publish:
         record, _ = publish_result(registry, result.to_json(), run_key=f"cli-{out.name}-{result.provenance['spec']['spec_hash'][:12]}",
                                    labels=(CANDIDATE_LABEL,))

@@ -5,6 +5,9 @@
 * :func:`to_json_value`: a plain-JSON copy of a value (numpy scalars and arrays, tuples,
   datetimes, paths converted); NaN/infinity raise, or become None with
   ``nan_to_none=True`` (an undefined score on a tiny fold is a missing figure, not an error);
+* :func:`json_records`: a table's rows as plain JSON (missing values and infinities as
+  None): every table that leaves as JSON (Prefect artifacts, the night report, stage
+  summaries) goes through it;
 * :func:`atomic_write`: a temporary file in the target's folder, then a rename, so a
   reader never sees half a file and a crash leaves the old one;
 * :func:`read_text`: a file read within a size bound and as UTF-8, or one clear reason
@@ -23,8 +26,8 @@ from datetime import date, datetime
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
-__all__ = ["NotJSONError", "TextFileError", "atomic_write", "canonical_json", "json_safe", "read_text", "to_json_value",
-           "write_json"]
+__all__ = ["NotJSONError", "TextFileError", "atomic_write", "canonical_json", "json_records", "json_safe", "read_text",
+           "to_json_value", "write_json"]
 
 
 def canonical_json(value: Any) -> str:
@@ -84,6 +87,18 @@ def to_json_value(value: Any, where: str = "value", *, nan_to_none: bool = False
 def json_safe(value: Any) -> Any:
     """``to_json_value`` with NaN and infinity as None: figures that may be undefined."""
     return _plain(value, "value", True)
+
+
+def json_records(frame: Any) -> list[dict[str, Any]]:
+    """A pandas DataFrame's rows as plain-JSON dicts: NaN, NaT, NA and infinities as None,
+    numpy scalars as Python ones (pandas itself is not imported here).
+
+    Example:
+        >>> json_records(pd.DataFrame({"ms": [1.5, float("nan"), float("inf")]}))
+        [{'ms': 1.5}, {'ms': None}, {'ms': None}]
+    """
+    rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    return _plain(rows, "row", True)
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[str], None]) -> Path:

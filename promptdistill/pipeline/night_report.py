@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,13 +30,16 @@ from typing import Any
 import pandas as pd
 
 from promptdistill.core.errors import PromptDistillError, RegistryError
-from promptdistill.pipeline.report import format_ttft, format_ttft_diff
+from promptdistill.core.jsonio import json_records
+from promptdistill.pipeline.report import format_ci, version_label
+from promptdistill.pipeline.report import format_number as _n
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
 from promptdistill.specs.datasets import dataset_for
 from promptdistill.specs.diff import DiffOp, diff_counts, diff_text, prompt_diff
 from promptdistill.specs.load import load_spec
 from promptdistill.specs.prompt import build_system
+from promptdistill.specs.render import unescape_braces
 
 __all__ = ["REPORT_PART", "DiffOp", "Night", "diff_counts", "diff_text", "latest_run_id", "load_night", "prompt_diff",
            "prompt_rows", "render_night_report", "write_night_report"]
@@ -49,11 +51,6 @@ TTFT_FIT_FIGURE = "pred_vs_measured"
 
 
 # ------------------------------------------------------------ what the run stores
-def _unescape(system: str) -> str:
-    """System text as shown: ``build_system`` doubles braces for ``render_messages``."""
-    return system.replace("{{", "{").replace("}}", "}")
-
-
 def _baseline_prompt(result: Mapping[str, Any], folder: Path) -> tuple[str | None, str | None, str]:
     """The baseline's system and user text, re-rendered from the spec file the run used.
 
@@ -73,7 +70,7 @@ def _baseline_prompt(result: Mapping[str, Any], folder: Path) -> tuple[str | Non
     if any(i not in by_id for i in ids):
         return None, None, f"baseline not shown: {spec.dataset} no longer holds its examples"
     examples = [{"id": by_id[i]["id"], "inputs": by_id[i]["inputs"], "expected": by_id[i]["expected"]} for i in ids]
-    return _unescape(build_system(spec, examples)), spec.user, f"baseline rendered from {source}"
+    return unescape_braces(build_system(spec, examples)), spec.user, f"baseline rendered from {source}"
 
 
 def prompt_rows(rows: Sequence[Mapping[str, Any]], *, state_dir: str | Path, ttft: Mapping[str, Any]) -> pd.DataFrame:
@@ -90,7 +87,7 @@ def prompt_rows(rows: Sequence[Mapping[str, Any]], *, state_dir: str | Path, ttf
         if r.get("run_key") and (folder / "result.json").is_file():
             result = json.loads((folder / "result.json").read_text(encoding="utf-8"))
             content = result.get("content", {})
-            item.update(folder=str(folder.resolve()), published_system=_unescape(content.get("system", "")),
+            item.update(folder=str(folder.resolve()), published_system=unescape_braces(content.get("system", "")),
                         published_user=content.get("user"))
             try:
                 item["baseline_system"], item["baseline_user"], item["prompt_note"] = _baseline_prompt(result, folder)
@@ -115,21 +112,16 @@ class Night:
     notes: list[str]
 
 
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in frame.astype(object).to_dict("records")]
-
-
 def load_night(registry: Registry, run_id: str, *, state_dir: str | Path) -> Night:
     """Read one run's report inputs: its run logs, its stage folders, the TTFT model's figure.
 
     Raises:
         RegistryError: the run has no ``summary`` run log.
     """
-    rows = _records(registry.read_run_log(run_id, part="summary"))
+    rows = json_records(registry.read_run_log(run_id, part="summary"))
     notes: list[str] = []
     try:
-        prompts = {p["template"]: p for p in _records(registry.read_run_log(run_id, part=REPORT_PART))}
+        prompts = {p["template"]: p for p in json_records(registry.read_run_log(run_id, part=REPORT_PART))}
     except RegistryError:
         prompts = {}
         notes.append(f"no '{REPORT_PART}' run log: prompts are not shown (a run before the night report existed)")
@@ -184,14 +176,6 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _n(value: Any, fmt: str = "{:.0f}") -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
-
-
-def _ci(mean: Any, low: Any, high: Any) -> str:
-    return "-" if mean is None else _n(mean, "{:.3f}") + ("" if low is None else f" [{_n(low, '{:.3f}')}, {_n(high, '{:.3f}')}]")
-
-
 def _img(data: bytes | None, alt: str, kind: str) -> str:
     if not data:
         return f'<p class="muted">{_e(alt)}: not available</p>'
@@ -203,10 +187,6 @@ def _slug(name: str) -> str:
     return "spec-" + re.sub(r"[^a-z0-9_-]+", "-", name.lower())
 
 
-def _version(r: Mapping[str, Any]) -> str:
-    return "-" if r.get("version") is None else f"{r['template']}:{int(r['version'])}" + (f" ({r['labels']})" if r.get("labels") else "")
-
-
 def _summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
     head = ("template", "status", "prompt tokens", "TTFT ms", "quality", "gate", "published")
     out = ["<table class='summary'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
@@ -216,9 +196,9 @@ def _summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
             f"<tr><td><a href='#{_slug(r['template'])}'>{_e(r['template'])}</a></td>"
             f"<td>{_e(r['status'])}{' (cached)' if r.get('cached') else ''}</td>"
             f"<td class='num'>{_n(r.get('tokens_before'))} → {_n(r.get('tokens_after'))}</td>"
-            f"<td class='num'>{_e(format_ttft(r).replace(' -> ', ' → '))}</td>"
+            f"<td class='num'>{_n(r.get('ttft_ms_before'))} → {_n(r.get('ttft_ms_after'))}</td>"
             f"<td class='num'>{_n(r.get('quality_before'), '{:.3f}')} → {_n(r.get('quality_after'), '{:.3f}')}</td>"
-            f"<td>{gate}</td><td>{_e(_version(r))}</td></tr>")
+            f"<td>{gate}</td><td>{_e(version_label(r))}</td></tr>")
     return "\n".join(out + ["</table>"])
 
 
@@ -267,27 +247,15 @@ def _prompt_section(p: Mapping[str, Any], version: str) -> str:
             f"<div class='diff'>{''.join(parts)}</div>")
 
 
-def _ttft_lines(r: Mapping[str, Any], kind: str) -> list[tuple[str, str, str]]:
-    """TTFT per side, cold, warm and ``kind``, measured and predicted, and the static
-    prefix's cached share; a kept baseline's one measurement is not shown twice."""
-    rows = []
-    for label, key in (("cold", "ttft_cold_ms"), ("warm", "ttft_warm_ms"), (kind, "ttft_ms")):
-        predicted = "ttft_ms_predicted" if key == "ttft_ms" else f"{key}_predicted"
-        rows += [(f"TTFT {label}, measured (ms)", _n(r.get(f"{key}_before")), _n(r.get(f"{key}_after"))),
-                 (f"TTFT {label}, predicted (ms)", _n(r.get(f"{predicted}_before")), _n(r.get(f"{predicted}_after")))]
-    rows.append(("static prefix cached when warm", _n(r.get("static_cached_share_before"), "{:.0%}"),
-                 _n(r.get("static_cached_share_after"), "{:.0%}")))
-    if r.get("kept_baseline"):
-        rows = [(k, b, "same prompt (kept)") for k, b, _a in rows]
-    return rows
-
-
 def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     kind = result.get("ttft_kind", "expected")
     lines = [("quality, 95% CI" + (f" ({_n(r.get('test_n'))} test records)" if r.get("test_n") else ""),
-              _ci(r.get("quality_before"), r.get("quality_before_low"), r.get("quality_before_high")),
-              _ci(r.get("quality_after"), r.get("quality_after_low"), r.get("quality_after_high"))),
-             *_ttft_lines(r, kind),
+              format_ci(r.get("quality_before"), r.get("quality_before_low"), r.get("quality_before_high")),
+              format_ci(r.get("quality_after"), r.get("quality_after_low"), r.get("quality_after_high"))),
+             ("TTFT cold, measured (ms)", _n(r.get("ttft_cold_ms_before")), _n(r.get("ttft_cold_ms_after"))),
+             ("TTFT warm, measured (ms)", _n(r.get("ttft_warm_ms_before")), _n(r.get("ttft_warm_ms_after"))),
+             (f"TTFT {kind}, measured (ms)", _n(r.get("ttft_ms_before")), _n(r.get("ttft_ms_after"))),
+             (f"TTFT {kind}, predicted (ms)", _n(r.get("ttft_ms_predicted_before")), _n(r.get("ttft_ms_predicted_after"))),
              ("prompt tokens", _n(r.get("tokens_before")), _n(r.get("tokens_after"))),
              ("instruction tokens", _n(r.get("instruction_tokens_before")), _n(r.get("instruction_tokens_after"))),
              ("valid-JSON rate", _n(r.get("valid_json_rate_before"), "{:.1%}"), _n(r.get("valid_json_rate_after"), "{:.1%}"))]
@@ -303,11 +271,9 @@ def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
         gate += f": {r['gate_reason']}"
     facts = [("decision", gate), ("why", result.get("reason")), ("certified bounds", bounds), ("record plan", r.get("plan") or "-"),
              (f"{kind} TTFT", f"{_n(r.get('warm_share'), '{:.0%}')} of requests warm ({r.get('warm_share_source') or '-'})"),
-             (f"measured {kind} TTFT, published - baseline", format_ttft_diff(r)
-              + (f" ({r['ttft_timing']})" if r.get("ttft_timing") else "")),
              ("cost", f"{_n(r.get('lm_calls'))} LM calls, {_n(r.get('tokens_processed'))} tokens processed, "
                       f"{_n(r.get('minutes'), '{:.1f}')} minutes" + (" (from the cache of an earlier run)" if r.get("cached") else "")),
-             ("published", f"{_version(r)}; {r.get('promotion') or ''}")]
+             ("published", f"{version_label(r)}; {r.get('promotion') or ''}")]
     facts += [("note", n) for n in result.get("notes") or []]
     return table + "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts) + "</dl>"
 

@@ -21,9 +21,9 @@ __all__ = [
     "artifact_key",
     "endpoint_load_rows",
     "failed_row",
+    "format_ci",
+    "format_number",
     "format_summary_table",
-    "format_ttft",
-    "format_ttft_diff",
     "image_markdown",
     "nightly_report_markdown",
     "spec_report_markdown",
@@ -31,6 +31,7 @@ __all__ = [
     "summary_row",
     "ttft_report_markdown",
     "ttft_score_rows",
+    "version_label",
 ]
 
 SUMMARY_COLUMNS = (
@@ -48,17 +49,6 @@ SUMMARY_COLUMNS = (
     "ttft_warm_ms_after",
     "ttft_ms_predicted_before",
     "ttft_ms_predicted_after",
-    "ttft_cold_ms_predicted_before",
-    "ttft_cold_ms_predicted_after",
-    "ttft_warm_ms_predicted_before",
-    "ttft_warm_ms_predicted_after",
-    "static_cached_share_before",
-    "static_cached_share_after",
-    "ttft_diff_ms",
-    "ttft_diff_low_ms",
-    "ttft_diff_high_ms",
-    "ttft_timing",
-    "kept_baseline",
     "quality_before",
     "quality_before_low",
     "quality_before_high",
@@ -155,47 +145,33 @@ def artifact_key(*parts: str) -> str:
 
 
 # ---------------------------------------------------------------- formatting
-def _num(value: Any, fmt: str = "{:.0f}") -> str:
+# One way to show a figure, for the markdown artifacts, the terminal and the night report.
+def format_number(value: Any, fmt: str = "{:.0f}") -> str:
+    """``value`` through ``fmt``; ``-`` for a missing figure (None or NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return fmt.format(value)
 
 
 def _arrow(before: Any, after: Any, fmt: str = "{:.0f}") -> str:
-    return f"{_num(before, fmt)} -> {_num(after, fmt)}"
+    return f"{format_number(before, fmt)} -> {format_number(after, fmt)}"
 
 
-def format_ttft(row: Mapping[str, Any], key: str = "ttft_ms") -> str:
-    """Measured TTFT ``before -> after``; a kept baseline was timed once: ``387 (kept)``."""
-    if row.get("kept_baseline"):
-        return f"{_num(row.get(f'{key}_before'))} (kept)"
-    return _arrow(row.get(f"{key}_before"), row.get(f"{key}_after"))
-
-
-def format_ttft_diff(row: Mapping[str, Any]) -> str:
-    """The measured TTFT difference (winner - baseline) with its interval: ``-107 ms [-120, -95]``."""
-    if row.get("kept_baseline"):
-        return "none: the baseline was kept (one prompt, timed once)"
-    if _num(row.get("ttft_diff_ms")) == "-":
+def format_ci(mean: Any, low: Any, high: Any) -> str:
+    """``0.812 [0.770, 0.850]``; the mean alone when a bound is missing, ``-`` without a mean."""
+    if format_number(mean) == "-":
         return "-"
-    interval = "" if _num(row.get("ttft_diff_low_ms")) == "-" else \
-        f" [{_num(row['ttft_diff_low_ms'], '{:+.0f}')}, {_num(row['ttft_diff_high_ms'], '{:+.0f}')}]"
-    return f"{_num(row['ttft_diff_ms'], '{:+.0f}')} ms{interval}"
-
-
-def _ci(mean: Any, low: Any, high: Any) -> str:
-    if mean is None:
-        return "-"
-    if low is None or high is None:
+    if format_number(low) == "-" or format_number(high) == "-":
         return f"{mean:.3f}"
     return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def _version(row: Mapping[str, Any]) -> str:
-    if row.get("version") is None:
+def version_label(row: Mapping[str, Any]) -> str:
+    """``name:3 (candidate,production)``, or ``-`` when nothing was published."""
+    if format_number(row.get("version")) == "-":
         return "-"
     labels = f" ({row['labels']})" if row.get("labels") else ""
-    return f"{row['template']}:{row['version']}{labels}"
+    return f"{row['template']}:{int(row['version'])}{labels}"
 
 
 def format_summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -207,9 +183,9 @@ def format_summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
             str(r["template"]),
             str(r["status"]) + (" (cached)" if r.get("cached") else ""),
             _arrow(r.get("tokens_before"), r.get("tokens_after")),
-            format_ttft(r),
+            _arrow(r.get("ttft_ms_before"), r.get("ttft_ms_after")),
             _arrow(r.get("quality_before"), r.get("quality_after"), "{:.3f}"),
-            _version(r),
+            version_label(r),
         ))
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
@@ -242,26 +218,16 @@ def spec_report_markdown(row: Mapping[str, Any], *, plots: Mapping[str, str | Pa
     lines += [
         "| | baseline | winner |",
         "|---|---:|---:|",
-        f"| prompt tokens | {_num(r['tokens_before'])} | {_num(r['tokens_after'])} |",
-        f"| quality (95% CI) | {_ci(r['quality_before'], r['quality_before_low'], r['quality_before_high'])} "
-        f"| {_ci(r['quality_after'], r['quality_after_low'], r['quality_after_high'])} |",
-        f"| TTFT measured (ms) | {_num(r['ttft_ms_before'])} | {_num(r['ttft_ms_after'])} |",
-        f"| TTFT predicted (ms) | {_num(r['ttft_ms_predicted_before'])} | {_num(r['ttft_ms_predicted_after'])} |",
-        f"| TTFT cold, measured / predicted (ms) | {_num(r['ttft_cold_ms_before'])} / "
-        f"{_num(r['ttft_cold_ms_predicted_before'])} | {_num(r['ttft_cold_ms_after'])} / "
-        f"{_num(r['ttft_cold_ms_predicted_after'])} |",
-        f"| TTFT warm, measured / predicted (ms) | {_num(r['ttft_warm_ms_before'])} / "
-        f"{_num(r['ttft_warm_ms_predicted_before'])} | {_num(r['ttft_warm_ms_after'])} / "
-        f"{_num(r['ttft_warm_ms_predicted_after'])} |",
-        f"| static prefix cached (warm) | {_num(r['static_cached_share_before'], '{:.0%}')} "
-        f"| {_num(r['static_cached_share_after'], '{:.0%}')} |",
-        f"| valid-JSON rate | {_num(r['valid_json_rate_before'], '{:.1%}')} | {_num(r['valid_json_rate_after'], '{:.1%}')} |",
+        f"| prompt tokens | {format_number(r['tokens_before'])} | {format_number(r['tokens_after'])} |",
+        f"| quality (95% CI) | {format_ci(r['quality_before'], r['quality_before_low'], r['quality_before_high'])} "
+        f"| {format_ci(r['quality_after'], r['quality_after_low'], r['quality_after_high'])} |",
+        f"| TTFT measured (ms) | {format_number(r['ttft_ms_before'])} | {format_number(r['ttft_ms_after'])} |",
+        f"| TTFT predicted (ms) | {format_number(r['ttft_ms_predicted_before'])} | {format_number(r['ttft_ms_predicted_after'])} |",
+        f"| valid-JSON rate | {format_number(r['valid_json_rate_before'], '{:.1%}')} | {format_number(r['valid_json_rate_after'], '{:.1%}')} |",
         "",
-        f"- measured TTFT difference (winner - baseline): {format_ttft_diff(r)}"
-        + (f" ({r['ttft_timing']})" if r["ttft_timing"] else ""),
         f"- gate: **{'passed' if r['gate_passed'] else 'not passed'}**" + (f": {r['gate_reason']}" if r["gate_reason"] else ""),
-        f"- published: {_version(r)}" + (f"; {r['promotion']}" if r["promotion"] else ""),
-        f"- cost: {_num(r['lm_calls'])} LM calls, {_num(r['minutes'], '{:.1f}')} minutes"
+        f"- published: {version_label(r)}" + (f"; {r['promotion']}" if r["promotion"] else ""),
+        f"- cost: {format_number(r['lm_calls'])} LM calls, {format_number(r['minutes'], '{:.1f}')} minutes"
         + (" (served from the cache of an earlier run)" if r["cached"] else ""),
     ]
     for name, url in links.items():
@@ -286,8 +252,8 @@ def nightly_report_markdown(
     for r in rows:
         lines.append(
             f"| {r['template']} | {r['status']}{' (cached)' if r['cached'] else ''} "
-            f"| {_arrow(r['tokens_before'], r['tokens_after'])} | {format_ttft(r)} "
-            f"| {_arrow(r['quality_before'], r['quality_after'], '{:.3f}')} | {_version(r)} |"
+            f"| {_arrow(r['tokens_before'], r['tokens_after'])} | {_arrow(r['ttft_ms_before'], r['ttft_ms_after'])} "
+            f"| {_arrow(r['quality_before'], r['quality_after'], '{:.3f}')} | {version_label(r)} |"
         )
     if failed:
         lines += ["", "## Failed", ""] + [f"- **{r['template']}**: {r['error']}" for r in failed]
@@ -331,7 +297,7 @@ def ttft_report_markdown(model: Any, fit: Any, record: Any, plots: Mapping[str, 
     for r in ttft_score_rows(fit):
         lines.append(
             f"| {r['model']} | {'yes' if r['chosen'] else ''} | {'yes' if r['monotonic'] else 'no'} "
-            f"| {_num(r.get('cv_mape'), '{:.1%}')} | {_num(r.get('heldout_mape'), '{:.1%}')} | {_num(r.get('heldout_r2'), '{:.3f}')} |"
+            f"| {format_number(r.get('cv_mape'), '{:.1%}')} | {format_number(r.get('heldout_mape'), '{:.1%}')} | {format_number(r.get('heldout_r2'), '{:.3f}')} |"
         )
     for alt, path in plots.items():
         if path is not None:

@@ -4,6 +4,9 @@ Each stage writes its full output to a folder (Parquet tables, ``result.json``, 
 and returns plain JSON: what Prefect persists and caches (never a pickled object), and
 all a later task needs. The flows never reach into a stage's internals.
 
+* :func:`run_distill`, :func:`run_optimize`: one stage on one spec, behind the LM result
+  cache, its files written: the one way a stage runs (the flows' tasks below and the
+  ``distill``/``optimize`` commands, which print the result object);
 * :func:`distill_stage`: the distiller on one spec; its finalists feed the optimizer;
 * :func:`optimize_stage`: the optimizer on one spec, with the distiller's finalists;
 * :func:`result_figures`, :func:`candidate_table`, :func:`result_plots`: what the
@@ -12,6 +15,7 @@ all a later task needs. The flows never reach into a stage's internals.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -19,20 +23,26 @@ from typing import Any, Iterator, Mapping
 
 import pandas as pd
 
-from promptdistill.core.jsonio import json_safe
+from promptdistill.core.jsonio import json_records, json_safe
 from promptdistill.distill.loop import DistillConfig, distill
+from promptdistill.distill.result import DistillResult
 from promptdistill.engine.base import Engine
 from promptdistill.engine.cache import CachedEngine
 from promptdistill.optimize.optimizer import optimize
+from promptdistill.optimize.result import OptimizationResult
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.optimize.variants import variants_from_parquet
 from promptdistill.pipeline.jobs import SpecJob
 from promptdistill.pipeline.publish import gate
 from promptdistill.specs.load import load_spec
+from promptdistill.specs.model import Spec
 from promptdistill.ttft.model import TTFTModel
 
-__all__ = ["candidate_table", "distill_stage", "optimize_stage", "result_figures", "result_plots"]
+__all__ = ["cached", "candidate_table", "distill_stage", "optimize_stage", "result_figures", "result_plots", "run_distill",
+           "run_optimize"]
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -50,26 +60,50 @@ def cached(engine: Engine | None, cache_path: str | Path | None) -> Iterator[Eng
         yield lm
     finally:
         lm.close()
+        logger.info("LM cache (%s): %d real calls, %d cache hits", engine.identity.model, lm.real_calls, lm.cache_hits)
 
 
-def distill_stage(engine: Engine, job: SpecJob, *, config: DistillConfig, seed: int, out_dir: str | Path,
-                  cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> dict[str, Any]:
-    """Distill the spec's instruction; returns ``{"folder", "summary"}`` (the files are in ``folder``).
+def run_distill(engine: Engine, spec: Spec, *, config: DistillConfig, out_dir: str | Path,
+                cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> tuple[DistillResult, Path]:
+    """The distiller on ``spec`` behind the LM result cache; returns the result and the
+    folder its files were written to.
 
     ``judge_engine`` (default: ``engine``) answers every judge call; TTFT and the task's
     replies always come from ``engine``.
     """
-    spec = load_spec(Path(job.path))
     with cached(engine, cache_path) as lm, cached(judge_engine, cache_path) as judge:
-        result = distill(lm, spec, config=replace(config, seed=seed), judge_engine=judge)
-    folder = result.write(out_dir)
+        result = distill(lm, spec, config=config, judge_engine=judge)
+    return result, result.write(out_dir)
+
+
+def run_optimize(engine: Engine, spec: Spec, *, ttft_model: TTFTModel, budget: OptimizeBudget,
+                 selection: SelectionRule, seed: int, out_dir: str | Path, variants: Any = None,
+                 cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> OptimizationResult:
+    """The optimizer on ``spec`` behind the LM result cache, its files written to ``out_dir``.
+
+    ``variants`` are the instruction variants (the distiller's finalists; None: the
+    instruction as written).
+    """
+    with cached(engine, cache_path) as lm, cached(judge_engine, cache_path) as judge:
+        result = optimize(lm, spec, ttft_model=ttft_model, budget=budget, seed=seed, distill_candidates=variants,
+                          selection=selection, judge_engine=judge)
+    result.write(out_dir)
+    return result
+
+
+def distill_stage(engine: Engine, job: SpecJob, *, config: DistillConfig, seed: int, out_dir: str | Path,
+                  cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> dict[str, Any]:
+    """Distill the spec's instruction (:func:`run_distill`); returns ``{"folder", "summary"}``
+    (the files are in ``folder``)."""
+    result, folder = run_distill(engine, load_spec(Path(job.path)), config=replace(config, seed=seed), out_dir=out_dir,
+                                 cache_path=cache_path, judge_engine=judge_engine)
     return {"folder": str(folder), "summary": result.summary()}
 
 
 def optimize_stage(engine: Engine, job: SpecJob, *, ttft_model: TTFTModel, budget: OptimizeBudget,
                    selection: SelectionRule, seed: int, out_dir: str | Path, distilled: Mapping[str, Any] | None = None,
                    cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> dict[str, Any]:
-    """Optimize the spec (with the distiller's finalists as variants, when given).
+    """Optimize the spec (:func:`run_optimize`, with the distiller's finalists as variants, when given).
 
     Returns:
         ``OptimizationResult.to_json()`` plus ``folder``: everything publishing and
@@ -79,10 +113,8 @@ def optimize_stage(engine: Engine, job: SpecJob, *, ttft_model: TTFTModel, budge
     variants = None
     if distilled is not None:
         variants = variants_from_parquet(spec, Path(distilled["folder"]) / "candidates.parquet")
-    with cached(engine, cache_path) as lm, cached(judge_engine, cache_path) as judge:
-        result = optimize(lm, spec, ttft_model=ttft_model, budget=budget, seed=seed, distill_candidates=variants,
-                          selection=selection, judge_engine=judge)
-    result.write(out_dir)
+    result = run_optimize(engine, spec, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
+                          out_dir=out_dir, variants=variants, cache_path=cache_path, judge_engine=judge_engine)
     return {**result.to_json(), "folder": str(out_dir)}
 
 
@@ -111,19 +143,10 @@ def result_figures(result: Mapping[str, Any]) -> dict[str, Any]:
         out[f"ttft_cold_ms_{suffix}"] = figs.get("measured_cold_ms")
         out[f"ttft_warm_ms_{suffix}"] = figs.get("measured_warm_ms")
         out[f"ttft_ms_predicted_{suffix}"] = _first(figs, f"ttft_{kind}_ms", f"predicted_{kind}_ms")
-        for cache in ("cold", "warm"):  # predicted for the timed prompts, so it compares with the measured
-            out[f"ttft_{cache}_ms_predicted_{suffix}"] = _first(figs, f"predicted_{cache}_ms", f"ttft_{cache}_ms")
-        out[f"static_cached_share_{suffix}"] = figs.get("static_cached_share")
         out[f"quality_{suffix}"] = figs.get("test_mean" if test else "dev_mean")
         out[f"quality_{suffix}_low"] = figs.get("test_ci_low" if test else "dev_ci_low")
         out[f"quality_{suffix}_high"] = figs.get("test_ci_high" if test else "dev_ci_high")
         out[f"valid_json_rate_{suffix}"] = _first(figs, "test_valid_json_rate", "dev_valid_json_rate")
-    winner = result["winner"]
-    out.update(ttft_diff_ms=winner.get(f"measured_{kind}_diff_ms"), ttft_diff_low_ms=winner.get(f"measured_{kind}_diff_low_ms"),
-               ttft_diff_high_ms=winner.get(f"measured_{kind}_diff_high_ms"), kept_baseline=bool(result.get("kept_baseline")),
-               ttft_timing=winner.get("timing_interval") or (f"{winner['timing_n']} test records x "
-                                                              f"{winner.get('timing_repeats')} repeats"
-                                                              if winner.get("timing_n") else None))
     passed, reason = gate(result)
     decision = result["winner"].get("decision") or {}
     out.update(gate_passed=passed, gate_reason=reason, lm_calls=result["lm_calls"],
@@ -149,8 +172,8 @@ def candidate_table(folder: str | Path, ttft_kind: str) -> pd.DataFrame:
     wanted = ["candidate_id", "pareto", "is_winner", "is_baseline", "finalist", "strategy", "k", "total_tokens",
               "semantic_density", "ttft_cold_ms", "ttft_warm_ms", "screen_quality", "race_n", "quality", "ci_low",
               "ci_high", "diff_lower", "diff_upper", "verdict", "decision", "notes"]
-    df = df[[c for c in wanted if c in df.columns]].reset_index(drop=True)
-    return df.astype(object).where(pd.notna(df), None)
+    df = df[[c for c in wanted if c in df.columns]]
+    return pd.DataFrame(json_records(df), columns=df.columns, dtype=object)
 
 
 def result_plots(folder: str | Path) -> dict[str, Path]:
