@@ -31,7 +31,7 @@ import pandas as pd
 
 from promptdistill.core.errors import PromptDistillError, RegistryError
 from promptdistill.core.jsonio import json_records
-from promptdistill.pipeline.report import format_ci, version_label
+from promptdistill.pipeline.report import format_ci, format_ttft, format_ttft_diff, version_label
 from promptdistill.pipeline.report import format_number as _n
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
@@ -196,7 +196,7 @@ def _summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
             f"<tr><td><a href='#{_slug(r['template'])}'>{_e(r['template'])}</a></td>"
             f"<td>{_e(r['status'])}{' (cached)' if r.get('cached') else ''}</td>"
             f"<td class='num'>{_n(r.get('tokens_before'))} → {_n(r.get('tokens_after'))}</td>"
-            f"<td class='num'>{_n(r.get('ttft_ms_before'))} → {_n(r.get('ttft_ms_after'))}</td>"
+            f"<td class='num'>{_e(format_ttft(r).replace(' -> ', ' → '))}</td>"
             f"<td class='num'>{_n(r.get('quality_before'), '{:.3f}')} → {_n(r.get('quality_after'), '{:.3f}')}</td>"
             f"<td>{gate}</td><td>{_e(version_label(r))}</td></tr>")
     return "\n".join(out + ["</table>"])
@@ -247,15 +247,27 @@ def _prompt_section(p: Mapping[str, Any], version: str) -> str:
             f"<div class='diff'>{''.join(parts)}</div>")
 
 
+def _ttft_lines(r: Mapping[str, Any], kind: str) -> list[tuple[str, str, str]]:
+    """TTFT per side, cold, warm and ``kind``, measured and predicted, and the static
+    prefix's cached share; a kept baseline's one measurement is not shown twice."""
+    rows = []
+    for label, key in (("cold", "ttft_cold_ms"), ("warm", "ttft_warm_ms"), (kind, "ttft_ms")):
+        predicted = "ttft_ms_predicted" if key == "ttft_ms" else f"{key}_predicted"
+        rows += [(f"TTFT {label}, measured (ms)", _n(r.get(f"{key}_before")), _n(r.get(f"{key}_after"))),
+                 (f"TTFT {label}, predicted (ms)", _n(r.get(f"{predicted}_before")), _n(r.get(f"{predicted}_after")))]
+    rows.append(("static prefix cached when warm", _n(r.get("static_cached_share_before"), "{:.0%}"),
+                 _n(r.get("static_cached_share_after"), "{:.0%}")))
+    if r.get("kept_baseline"):
+        rows = [(k, b, "same prompt (kept)") for k, b, _a in rows]
+    return rows
+
+
 def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     kind = result.get("ttft_kind", "expected")
     lines = [("quality, 95% CI" + (f" ({_n(r.get('test_n'))} test records)" if r.get("test_n") else ""),
               format_ci(r.get("quality_before"), r.get("quality_before_low"), r.get("quality_before_high")),
               format_ci(r.get("quality_after"), r.get("quality_after_low"), r.get("quality_after_high"))),
-             ("TTFT cold, measured (ms)", _n(r.get("ttft_cold_ms_before")), _n(r.get("ttft_cold_ms_after"))),
-             ("TTFT warm, measured (ms)", _n(r.get("ttft_warm_ms_before")), _n(r.get("ttft_warm_ms_after"))),
-             (f"TTFT {kind}, measured (ms)", _n(r.get("ttft_ms_before")), _n(r.get("ttft_ms_after"))),
-             (f"TTFT {kind}, predicted (ms)", _n(r.get("ttft_ms_predicted_before")), _n(r.get("ttft_ms_predicted_after"))),
+             *_ttft_lines(r, kind),
              ("prompt tokens", _n(r.get("tokens_before")), _n(r.get("tokens_after"))),
              ("instruction tokens", _n(r.get("instruction_tokens_before")), _n(r.get("instruction_tokens_after"))),
              ("valid-JSON rate", _n(r.get("valid_json_rate_before"), "{:.1%}"), _n(r.get("valid_json_rate_after"), "{:.1%}"))]
@@ -271,6 +283,8 @@ def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
         gate += f": {r['gate_reason']}"
     facts = [("decision", gate), ("why", result.get("reason")), ("certified bounds", bounds), ("record plan", r.get("plan") or "-"),
              (f"{kind} TTFT", f"{_n(r.get('warm_share'), '{:.0%}')} of requests warm ({r.get('warm_share_source') or '-'})"),
+             (f"measured {kind} TTFT, published - baseline", format_ttft_diff(r)
+              + (f" ({r['ttft_timing']})" if r.get("ttft_timing") else "")),
              ("cost", f"{_n(r.get('lm_calls'))} LM calls, {_n(r.get('tokens_processed'))} tokens processed, "
                       f"{_n(r.get('minutes'), '{:.1f}')} minutes" + (" (from the cache of an earlier run)" if r.get("cached") else "")),
              ("published", f"{version_label(r)}; {r.get('promotion') or ''}")]

@@ -24,6 +24,8 @@ __all__ = [
     "format_ci",
     "format_number",
     "format_summary_table",
+    "format_ttft",
+    "format_ttft_diff",
     "image_markdown",
     "nightly_report_markdown",
     "spec_report_markdown",
@@ -49,6 +51,17 @@ SUMMARY_COLUMNS = (
     "ttft_warm_ms_after",
     "ttft_ms_predicted_before",
     "ttft_ms_predicted_after",
+    "ttft_cold_ms_predicted_before",
+    "ttft_cold_ms_predicted_after",
+    "ttft_warm_ms_predicted_before",
+    "ttft_warm_ms_predicted_after",
+    "static_cached_share_before",
+    "static_cached_share_after",
+    "ttft_diff_ms",
+    "ttft_diff_low_ms",
+    "ttft_diff_high_ms",
+    "ttft_timing",
+    "kept_baseline",
     "quality_before",
     "quality_before_low",
     "quality_before_high",
@@ -157,6 +170,24 @@ def _arrow(before: Any, after: Any, fmt: str = "{:.0f}") -> str:
     return f"{format_number(before, fmt)} -> {format_number(after, fmt)}"
 
 
+def format_ttft(row: Mapping[str, Any], key: str = "ttft_ms") -> str:
+    """Measured TTFT ``before -> after``; a kept baseline was timed once: ``387 (kept)``."""
+    if row.get("kept_baseline"):
+        return f"{format_number(row.get(f'{key}_before'))} (kept)"
+    return _arrow(row.get(f"{key}_before"), row.get(f"{key}_after"))
+
+
+def format_ttft_diff(row: Mapping[str, Any]) -> str:
+    """The measured TTFT difference (winner - baseline) with its interval: ``-107 ms [-120, -95]``."""
+    if row.get("kept_baseline"):
+        return "none: the baseline was kept (one prompt, timed once)"
+    if format_number(row.get("ttft_diff_ms")) == "-":
+        return "-"
+    interval = "" if format_number(row.get("ttft_diff_low_ms")) == "-" else \
+        f" [{format_number(row['ttft_diff_low_ms'], '{:+.0f}')}, {format_number(row['ttft_diff_high_ms'], '{:+.0f}')}]"
+    return f"{format_number(row['ttft_diff_ms'], '{:+.0f}')} ms{interval}"
+
+
 def format_ci(mean: Any, low: Any, high: Any) -> str:
     """``0.812 [0.770, 0.850]``; the mean alone when a bound is missing, ``-`` without a mean."""
     if format_number(mean) == "-":
@@ -183,7 +214,7 @@ def format_summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
             str(r["template"]),
             str(r["status"]) + (" (cached)" if r.get("cached") else ""),
             _arrow(r.get("tokens_before"), r.get("tokens_after")),
-            _arrow(r.get("ttft_ms_before"), r.get("ttft_ms_after")),
+            format_ttft(r),
             _arrow(r.get("quality_before"), r.get("quality_after"), "{:.3f}"),
             version_label(r),
         ))
@@ -223,8 +254,18 @@ def spec_report_markdown(row: Mapping[str, Any], *, plots: Mapping[str, str | Pa
         f"| {format_ci(r['quality_after'], r['quality_after_low'], r['quality_after_high'])} |",
         f"| TTFT measured (ms) | {format_number(r['ttft_ms_before'])} | {format_number(r['ttft_ms_after'])} |",
         f"| TTFT predicted (ms) | {format_number(r['ttft_ms_predicted_before'])} | {format_number(r['ttft_ms_predicted_after'])} |",
+        f"| TTFT cold, measured / predicted (ms) | {format_number(r['ttft_cold_ms_before'])} / "
+        f"{format_number(r['ttft_cold_ms_predicted_before'])} | {format_number(r['ttft_cold_ms_after'])} / "
+        f"{format_number(r['ttft_cold_ms_predicted_after'])} |",
+        f"| TTFT warm, measured / predicted (ms) | {format_number(r['ttft_warm_ms_before'])} / "
+        f"{format_number(r['ttft_warm_ms_predicted_before'])} | {format_number(r['ttft_warm_ms_after'])} / "
+        f"{format_number(r['ttft_warm_ms_predicted_after'])} |",
+        f"| static prefix cached (warm) | {format_number(r['static_cached_share_before'], '{:.0%}')} "
+        f"| {format_number(r['static_cached_share_after'], '{:.0%}')} |",
         f"| valid-JSON rate | {format_number(r['valid_json_rate_before'], '{:.1%}')} | {format_number(r['valid_json_rate_after'], '{:.1%}')} |",
         "",
+        f"- measured TTFT difference (winner - baseline): {format_ttft_diff(r)}"
+        + (f" ({r['ttft_timing']})" if r["ttft_timing"] else ""),
         f"- gate: **{'passed' if r['gate_passed'] else 'not passed'}**" + (f": {r['gate_reason']}" if r["gate_reason"] else ""),
         f"- published: {version_label(r)}" + (f"; {r['promotion']}" if r["promotion"] else ""),
         f"- cost: {format_number(r['lm_calls'])} LM calls, {format_number(r['minutes'], '{:.1f}')} minutes"
@@ -252,7 +293,7 @@ def nightly_report_markdown(
     for r in rows:
         lines.append(
             f"| {r['template']} | {r['status']}{' (cached)' if r['cached'] else ''} "
-            f"| {_arrow(r['tokens_before'], r['tokens_after'])} | {_arrow(r['ttft_ms_before'], r['ttft_ms_after'])} "
+            f"| {_arrow(r['tokens_before'], r['tokens_after'])} | {format_ttft(r)} "
             f"| {_arrow(r['quality_before'], r['quality_after'], '{:.3f}')} | {version_label(r)} |"
         )
     if failed:

@@ -143,10 +143,19 @@ def result_figures(result: Mapping[str, Any]) -> dict[str, Any]:
         out[f"ttft_cold_ms_{suffix}"] = figs.get("measured_cold_ms")
         out[f"ttft_warm_ms_{suffix}"] = figs.get("measured_warm_ms")
         out[f"ttft_ms_predicted_{suffix}"] = _first(figs, f"ttft_{kind}_ms", f"predicted_{kind}_ms")
+        for cache in ("cold", "warm"):  # predicted for the timed prompts, so it compares with the measured
+            out[f"ttft_{cache}_ms_predicted_{suffix}"] = _first(figs, f"predicted_{cache}_ms", f"ttft_{cache}_ms")
+        out[f"static_cached_share_{suffix}"] = figs.get("static_cached_share")
         out[f"quality_{suffix}"] = figs.get("test_mean" if test else "dev_mean")
         out[f"quality_{suffix}_low"] = figs.get("test_ci_low" if test else "dev_ci_low")
         out[f"quality_{suffix}_high"] = figs.get("test_ci_high" if test else "dev_ci_high")
         out[f"valid_json_rate_{suffix}"] = _first(figs, "test_valid_json_rate", "dev_valid_json_rate")
+    winner = result["winner"]
+    out.update(ttft_diff_ms=winner.get(f"measured_{kind}_diff_ms"), ttft_diff_low_ms=winner.get(f"measured_{kind}_diff_low_ms"),
+               ttft_diff_high_ms=winner.get(f"measured_{kind}_diff_high_ms"), kept_baseline=bool(result.get("kept_baseline")),
+               ttft_timing=winner.get("timing_interval") or (f"{winner['timing_n']} test records x "
+                                                              f"{winner.get('timing_repeats')} repeats"
+                                                              if winner.get("timing_n") else None))
     passed, reason = gate(result)
     decision = result["winner"].get("decision") or {}
     out.update(gate_passed=passed, gate_reason=reason, lm_calls=result["lm_calls"],
