@@ -51,7 +51,7 @@ from promptdistill.core.errors import (
     TemplateNotFoundError,
 )
 from promptdistill.registry.backend import StoreUnavailableError
-from promptdistill.registry.records import VersionRecord, parse_ref
+from promptdistill.registry.records import VersionRecord, openai_response_format, parse_ref, response_format_kind
 from promptdistill.registry.store import Registry
 from promptdistill.specs.render import placeholders, render_messages, render_text_spans, value_text
 from promptdistill.specs.schema_from import request_schema
@@ -183,17 +183,10 @@ class Template:
             self._validator = jsonschema.validators.validator_for(self._schema)(self._schema)
         self.schema_from: str | None = content.get("schema_from")
         """The input that carries each request's reply schema (None: one schema for all)."""
-        fmt = content.get("response_format", "json_schema" if self._schema is not None else "none")
         # With schema_from the format is built per request, from that request's schema.
-        response_format = None
-        if fmt == "json_schema" and self.schema_from is None:
-            response_format = self._response_format_for(self._schema)
-        self._response_format_json = json.dumps(response_format if fmt == "json_schema" else None)
+        self._response_format_json = json.dumps(openai_response_format(content))
         self._sampling_json = json.dumps(dict(content.get("sampling") or {}))
         self._max_tokens: int | None = content.get("max_tokens")
-
-    def _response_format_for(self, schema: Mapping[str, Any]) -> dict[str, Any]:
-        return {"type": "json_schema", "json_schema": {"name": _schema_name(self.name), "schema": schema, "strict": True}}
 
     def request_schema(self, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
         """The reply's JSON Schema for this request: the template's, or the one its
@@ -289,8 +282,8 @@ class Template:
         if self._max_tokens is not None:
             body["max_tokens"] = self._max_tokens
         response_format = json.loads(self._response_format_json)
-        if self.schema_from is not None and self.record.content.get("response_format") == "json_schema":
-            response_format = self._response_format_for(self.request_schema(inputs))
+        if self.schema_from is not None and response_format_kind(self.record.content) == "json_schema":
+            response_format = openai_response_format(self.record.content, self.request_schema(inputs))
         if response_format is not None:
             body["response_format"] = response_format
         body.update(overrides)
@@ -541,11 +534,6 @@ def _fresh(error: BaseException) -> BaseException:
         except TypeError:
             pass
     return error
-
-
-def _schema_name(name: str) -> str:
-    # OpenAI's json_schema.name allows [a-zA-Z0-9_-]{1,64}.
-    return "".join(c if c.isalnum() or c in "_-" else "_" for c in name)[:64]
 
 
 def _excerpt(text: str) -> str:

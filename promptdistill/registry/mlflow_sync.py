@@ -40,7 +40,7 @@ from typing import Any
 from promptdistill.core.errors import ConfigError, RegistryError, TemplateNotFoundError
 from promptdistill.core.jsonio import canonical_json
 from promptdistill.registry.backend import StoreUnavailableError
-from promptdistill.registry.records import VersionRecord
+from promptdistill.registry.records import VersionRecord, openai_response_format
 from promptdistill.registry.store import Registry
 from promptdistill.specs.render import render_messages, render_text
 
@@ -107,11 +107,6 @@ class SyncReport:
 
 
 # ---------------------------------------------------------------------- mapping
-def _schema_name(name: str) -> str:
-    # The client's rule (promptdistill.client._schema_name): OpenAI's [a-zA-Z0-9_-]{1,64}.
-    return "".join(c if c.isalnum() or c in "_-" else "_" for c in name)[:64]
-
-
 def mlflow_template(content: Mapping[str, Any]) -> list[dict[str, str]]:
     """Our chat template as MLflow chat messages: ``{text}`` -> ``{{ text }}``, ``{{`` -> ``{``.
 
@@ -137,11 +132,9 @@ def model_config(content: Mapping[str, Any]) -> dict[str, Any]:
         config[_SAMPLING_RENAMES.get(key, key)] = value
     if content.get("max_tokens") is not None:
         config["max_tokens"] = content["max_tokens"]
-    schema = content.get("output_schema")
-    fmt = content.get("response_format", "json_schema" if schema is not None else "none")
-    if fmt == "json_schema" and content.get("schema_from") is None:
-        config["response_format"] = {"type": "json_schema", "json_schema": {
-            "name": _schema_name(content["name"]), "schema": schema, "strict": True}}
+    response_format = openai_response_format(content)  # what the client sends
+    if response_format is not None:
+        config["response_format"] = response_format
     elif content.get("schema_from") is not None:
         config["schema_from"] = content["schema_from"]  # the reply schema comes with each request
     return config

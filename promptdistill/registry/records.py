@@ -47,7 +47,9 @@ __all__ = [
     "check_label",
     "check_name",
     "check_version",
+    "openai_response_format",
     "parse_ref",
+    "response_format_kind",
 ]
 
 TEMPLATE_FORMAT = "promptdistill.template/1"
@@ -171,6 +173,37 @@ def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None,
     return name, ref_label, ref_version
 
 
+def response_format_kind(content: Mapping[str, Any]) -> str:
+    """The content's ``response_format``: as stored, else ``json_schema`` when it has an
+    output schema and ``none`` when it has not."""
+    return content.get("response_format", "json_schema" if content.get("output_schema") is not None else "none")
+
+
+def openai_response_format(content: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The OpenAI-compatible ``response_format`` (json_schema, strict) a request for
+    ``content`` sends, or None: the one definition the client and the MLflow mirror share.
+
+    Args:
+        content: checked template content.
+        schema: this request's reply schema, for content with ``schema_from`` (each request
+            carries its own; without it there is no fixed format: None). Content without
+            ``schema_from`` uses its ``output_schema`` and ignores this.
+
+    Example:
+        >>> openai_response_format({"name": "triage v2", "output_schema": {"type": "object"}})
+        {'type': 'json_schema', 'json_schema': {'name': 'triage_v2', 'schema': {'type': 'object'}, 'strict': True}}
+    """
+    if response_format_kind(content) != "json_schema":
+        return None
+    if content.get("schema_from") is None:
+        schema = content.get("output_schema")
+    if schema is None:
+        return None
+    # OpenAI's json_schema.name allows [a-zA-Z0-9_-]{1,64}.
+    name = "".join(c if c.isalnum() or c in "_-" else "_" for c in content["name"])[:64]
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
 def check_content(content: Any, where: str = "content", *, name: str | None = None) -> None:
     """Raise RegistryError naming the field if ``content`` is not a publishable template.
 
@@ -211,7 +244,7 @@ def check_content(content: Any, where: str = "content", *, name: str | None = No
             raise RegistryError(f"{where}.output_schema: not a valid JSON Schema: {e.message}") from None
         except RecursionError:
             raise RegistryError(f"{where}.output_schema: nested too deeply") from None
-    fmt = content.get("response_format", "json_schema" if schema is not None else "none")
+    fmt = response_format_kind(content)
     if fmt not in _RESPONSE_FORMATS:
         raise RegistryError(f"{where}.response_format: must be one of {_RESPONSE_FORMATS}, got {fmt!r}")
     schema_from = content.get("schema_from")
