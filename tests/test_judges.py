@@ -97,19 +97,6 @@ def test_messages_cut_long_values_and_keep_literal_braces():
         judge.messages({k: v for k, v in NECESSITY_ITEM.items() if k != "examples"})
 
 
-def test_as_signature_is_a_typed_dspy_signature():
-    import typing
-
-    sig = load_judge("clause_necessity").as_signature()
-    assert sig.__name__ == "ClauseNecessity"
-    assert set(sig.input_fields) == {"task", "instruction", "clause", "examples"}
-    assert set(sig.output_fields) == {"score", "reason"}
-    assert typing.get_args(sig.output_fields["score"].annotation) == (1, 2, 3, 4, 5)
-    assert "marked with >>> and <<<" in sig.instructions
-    eq = load_judge("answer_equivalence").as_signature()
-    assert typing.get_args(eq.output_fields["verdict"].annotation) == ("A", "B", "same")
-
-
 # --- the runner (fake engine: pure logic) ------------------------------------------------
 
 

@@ -595,8 +595,8 @@ def test_artifacts_are_versioned_whole_and_verified(reg):
     prod = reg.get_artifact("ttft", "smollm2", label="production")
     assert prod.metadata == {"mae_ms": 12.5}
     assert reg.read_artifact_files(prod) == {"model.json": b'{"a": 1}', "features.json": b"[]"}
-    reg.set_artifact_label("ttft", "smollm2", "production", 2)
-    assert reg.get_artifact("ttft", "smollm2", label="production").version == 2
+    reg.put_artifact("ttft", "smollm2", {"model.json": b'{"a": 5}', "features.json": b"[]"}, labels=["production"])
+    assert reg.get_artifact("ttft", "smollm2", label="production").version == 3  # the label moved
 
     blob = Path(reg.root) / "artifacts/ttft/smollm2/blobs" / rec2.files["model.json"]["sha256"].replace(":", "-")
     blob.write_bytes(b'{"a": 3}')
@@ -658,3 +658,18 @@ def test_cli_commands(reg, tmp_path, capsys):
     assert "TemplateNotFoundError" in capsys.readouterr().err
     assert cli_main(["templates", "show", "../etc@production", *root]) == 1
     assert "RegistryError: invalid template name" in capsys.readouterr().err
+
+
+def test_one_response_format_for_the_client_and_the_mlflow_mirror():
+    from promptdistill.registry.records import openai_response_format
+
+    schema = {"type": "object", "properties": {"label": {"type": "string"}}}
+    fixed = {"name": "ticket triage/v2", "output_schema": schema, "response_format": "json_schema"}
+    assert openai_response_format(fixed, {"type": "array"}) == {
+        "type": "json_schema", "json_schema": {"name": "ticket_triage_v2", "schema": schema, "strict": True}}
+    assert openai_response_format({**fixed, "name": "x" * 80})["json_schema"]["name"] == "x" * 64
+    assert openai_response_format({"name": "t", "output_schema": schema})["json_schema"]["schema"] == schema  # the default
+    assert openai_response_format({**fixed, "response_format": "none"}) is None
+    per_request = {"name": "t", "output_schema": None, "schema_from": "function", "response_format": "json_schema"}
+    assert openai_response_format(per_request) is None  # built per request
+    assert openai_response_format(per_request, {"type": "array"})["json_schema"]["schema"] == {"type": "array"}

@@ -20,7 +20,6 @@ from promptdistill.specs import (
     examples_for,
     load_spec,
     load_specs,
-    save_spec,
     select_examples,
     spec_messages,
     template_content,
@@ -143,24 +142,6 @@ def test_spec_hash_is_content_not_path(tmp_path):
     b = load_spec(_project(other, VALID))
     assert a.spec_hash() == b.spec_hash() and a.dataset != b.dataset
     assert len(a.spec_hash()) == 64
-
-
-@pytest.mark.parametrize("name", BUNDLED)
-def test_save_spec_round_trips(tmp_path, name):
-    spec = load_spec(name, prompts_dir=PROMPTS)
-    (tmp_path / "datasets").mkdir()
-    (tmp_path / "datasets" / spec.dataset.name).write_bytes(spec.dataset.read_bytes())
-    if spec.metric.function:  # a python metric's module travels with its spec (its source is hashed)
-        module = Path(*spec.metric.function.partition(":")[0].split(".")).with_suffix(".py")
-        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / module).write_bytes((PROMPTS.parent / module).read_bytes())
-    path = save_spec(spec, tmp_path / "prompts" / f"{name}.yaml")
-    assert validate_spec_file(path) == []
-    again = load_spec(path)
-    assert again.spec_hash() == spec.spec_hash() and hash(again) == hash(spec)
-    assert dataclasses.replace(again, dataset=spec.dataset) == spec
-    with pytest.raises(SpecError, match="must equal the file's stem"):
-        save_spec(spec, tmp_path / "other.yaml")
 
 
 def test_load_spec_by_name_and_unknown_name(tmp_path):

@@ -1,4 +1,4 @@
-"""Judge definitions: YAML files in ``judges/``, loaded, validated and exposed to DSPy.
+"""Judge definitions: YAML files in ``judges/``, loaded and validated.
 
 A judge (or generator, such as ``distill_rewrite``) is data, not code::
 
@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 from promptdistill.core.config import load_settings
 from promptdistill.core.errors import SchemaError, SpecError
@@ -107,29 +107,6 @@ class JudgeDefinition:
                 text = text[: max(0, field.max_chars - len(_ELLIPSIS))] + _ELLIPSIS
             cut[field.name] = text
         return render_messages(self.instruction, self.user, cut)
-
-    def as_signature(self) -> type:
-        """This judge as a ``dspy.Signature``: the rubric is the docstring, fields are typed.
-
-        Output fields come from the schema's properties: an ``enum`` becomes a ``Literal``,
-        ``integer``/``number``/``boolean`` become int/float/bool, anything else ``str``.
-        """
-        import dspy
-
-        fields: dict[str, tuple[type, Any]] = {}
-        for field in self.inputs:
-            fields[field.name] = (str, dspy.InputField(desc=field.description))
-        for name, prop in self.output_schema.get("properties", {}).items():
-            fields[name] = (_python_type(prop), dspy.OutputField(desc=prop.get("description", "")))
-        instructions = self.instruction.replace("{{", "{").replace("}}", "}")
-        class_name = "".join(part.title() for part in self.name.split("_"))
-        return dspy.make_signature(fields, instructions, signature_name=class_name)
-
-
-def _python_type(prop: Mapping[str, Any]) -> Any:
-    if "enum" in prop:
-        return Literal[tuple(prop["enum"])]  # type: ignore[misc]
-    return {"integer": int, "number": float, "boolean": bool}.get(prop.get("type"), str)
 
 
 def list_judges(directory: str | os.PathLike[str] | None = None) -> list[str]:

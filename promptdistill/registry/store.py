@@ -447,13 +447,6 @@ class Registry:
             out[file_name] = data
         return out
 
-    def set_artifact_label(self, kind: str, name: str, label: str, version: int, *, actor: str | None = None,
-                           reason: str = "") -> LabelEvent:
-        coll = self._artifacts(kind, name)
-        coll.read_version(check_version(version))
-        return coll.move_label(check_label(label), lambda _e, _l: version, action="set",
-                               actor=actor or default_actor(), reason=reason)
-
     # ----------------------------------------------------------------- run logs
     def put_run_log(self, run_id: str, log: Any, *, part: str = "log") -> str:
         """Store a run log once (parquet bytes, or a pandas DataFrame); returns its URL.

@@ -33,7 +33,6 @@ __all__ = [
     "format_example",
     "load_spec",
     "load_specs",
-    "save_spec",
     "select_examples",
     "spec_from_dict",
     "spec_messages",
@@ -45,7 +44,7 @@ _HOME = {
     "ExamplesConfig": "model", "MetricSpec": "model", "Slo": "model", "Spec": "model", "spec_from_dict": "model",
     "build_system": "prompt", "examples_for": "prompt", "format_example": "prompt", "select_examples": "prompt",
     "spec_messages": "prompt", "template_content": "prompt",
-    "load_spec": "load", "load_specs": "load", "save_spec": "load", "validate_spec_file": "load",
+    "load_spec": "load", "load_specs": "load", "validate_spec_file": "load",
 }
 
 

@@ -399,43 +399,20 @@ def _schema_from_errors(spec: "Spec", rows: list[dict[str, Any]]) -> list[str]:
     return errors
 
 
-def _metric_call_errors(spec: "Spec", rows: list[dict[str, Any]]) -> list[str]:
-    """Call the python metric as scoring will, with each record's expected output as the reply."""
-    from promptdistill.specs.metrics import score_reply  # metrics imports the model, which imports this
-
-    labelled = [r for r in rows if r["expected"] is not None][:METRIC_PROBE_RECORDS]
-    errors = []
-    for row in labelled:
-        try:
-            reply = json.dumps(row["expected"], ensure_ascii=False)
-            score_reply(spec.metric, reply, row["expected"], inputs=row["inputs"], record_id=row["id"],
-                        where=spec.where, reference=row.get("reference"))
-        except SpecError as e:  # MetricFunctionError: it raised or returned a non-score
-            errors.append(f"{e} (called with the record's expected output as the reply)")
-        except (SystemExit, KeyboardInterrupt) as e:  # the project's code must not end validation
-            errors.append(f"{spec.where}: metric.function {spec.metric.function}: record {row['id']!r}: raised "
-                          f"{type(e).__name__}({e}) (called with the record's expected output as the reply)")
-    return errors
-
-
 def record_errors(spec: "Spec", rows: list[dict[str, Any]]) -> list[str]:
     """What only the dataset's records show, as ``file: field: reason`` naming the record.
 
-    * With ``output.schema_from``: every record's schema value is a JSON Schema, or a
-      function definition whose parameters are one (Python-style type names mapped, as
-      constrained decoding will get them): named with the path inside the value.
-    * With a python metric: the function, called on the first ``METRIC_PROBE_RECORDS``
-      labelled records with the record's own ``expected`` as the reply (the reply text is
-      its JSON), returns a score in [0, 1] or None, and does not raise.
+    With ``output.schema_from``: every record's schema value is a JSON Schema, or a
+    function definition whose parameters are one (Python-style type names mapped, as
+    constrained decoding will get them): named with the path inside the value. (A python
+    metric called on records is checked by ``load.validate_spec_file``: scoring imports the
+    spec model, which imports this module.)
 
     Args:
         spec: a valid spec.
         rows: the dataset's records (``id``, ``line``, ``inputs``, ``expected``), in file order.
     """
-    errors = _schema_from_errors(spec, rows) if spec.schema_from is not None else []
-    if spec.metric.kind == "python" and spec.metric.function:
-        errors += _metric_call_errors(spec, rows)
-    return errors
+    return _schema_from_errors(spec, rows) if spec.schema_from is not None else []
 
 
 # --- prefix-cache layout ------------------------------------------------------------------

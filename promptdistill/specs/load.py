@@ -1,4 +1,4 @@
-"""Loading and saving spec files, and validating a spec file together with its dataset.
+"""Loading spec files, and validating a spec file together with its dataset.
 
 ``load_spec`` reads ``prompts/<name>.yaml`` (safe YAML, the shipped JSON Schema, then
 meaning: see :mod:`promptdistill.specs.checks`); ``validate_spec_file`` adds the dataset:
@@ -9,19 +9,18 @@ reported as ``file: field: reason``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from promptdistill.core.errors import SpecError
-from promptdistill.core.jsonio import atomic_write
-from promptdistill.specs.checks import read_spec_data, record_errors
+from promptdistill.specs.checks import METRIC_PROBE_RECORDS, read_spec_data, record_errors
 from promptdistill.specs.datasets import load_dataset, records
-from promptdistill.specs.metrics import expected_error
+from promptdistill.specs.metrics import expected_error, score_reply
 from promptdistill.specs.model import Spec, spec_error, spec_from_dict
 from promptdistill.specs.render import placeholders
 
-__all__ = ["load_spec", "load_specs", "save_spec", "validate_spec_file"]
+__all__ = ["load_spec", "load_specs", "validate_spec_file"]
 
 
 def _spec_path(path_or_name: str | Path, prompts_dir: str | Path) -> Path:
@@ -50,20 +49,28 @@ def load_spec(path_or_name: str | Path, *, prompts_dir: str | Path = "prompts") 
     return spec_from_dict(data, source_path=path)
 
 
-def save_spec(spec: Spec, path: str | Path) -> Path:
-    """Write ``spec`` as a YAML spec file atomically (temp file, then rename).
-
-    The file's stem must be the spec's name; the dataset is referred to by file name.
-    """
-    path = Path(path)
-    if path.stem != spec.name:
-        raise SpecError(f"{path}: name: {spec.name!r} must equal the file's stem {path.stem!r}")
-    return atomic_write(path, yaml.safe_dump(spec.to_dict(), sort_keys=False, allow_unicode=True, width=100))
-
-
 def load_specs(prompts_dir: str | Path = "prompts") -> list[Spec]:
     """Every ``*.yaml`` spec in ``prompts_dir``, sorted by name."""
     return [load_spec(p) for p in sorted(Path(prompts_dir).glob("*.yaml"))]
+
+
+def _metric_call_errors(spec: Spec, rows: list[dict[str, Any]]) -> list[str]:
+    """Call the python metric as scoring will, on the first ``METRIC_PROBE_RECORDS`` labelled
+    records with each record's expected output as the reply (its JSON text): it must return
+    a score in [0, 1] or None, and not raise."""
+    labelled = [r for r in rows if r["expected"] is not None][:METRIC_PROBE_RECORDS]
+    errors = []
+    for row in labelled:
+        try:
+            reply = json.dumps(row["expected"], ensure_ascii=False)
+            score_reply(spec.metric, reply, row["expected"], inputs=row["inputs"], record_id=row["id"],
+                        where=spec.where, reference=row.get("reference"))
+        except SpecError as e:  # MetricFunctionError: it raised or returned a non-score
+            errors.append(f"{e} (called with the record's expected output as the reply)")
+        except (SystemExit, KeyboardInterrupt) as e:  # the project's code must not end validation
+            errors.append(f"{spec.where}: metric.function {spec.metric.function}: record {row['id']!r}: raised "
+                          f"{type(e).__name__}({e}) (called with the record's expected output as the reply)")
+    return errors
 
 
 def _dataset_errors(spec: Spec) -> list[str]:
@@ -77,7 +84,10 @@ def _dataset_errors(spec: Spec) -> list[str]:
         problem = None if expected is None else expected_error(spec.metric, expected)  # None: label-free
         if problem:
             errors.append(f"{spec.dataset}:{line}: expected: {problem} (record {rec_id!r})")
-    errors += record_errors(spec, df.to_dict("records"))  # per-request schemas, the python metric
+    rows = df.to_dict("records")
+    errors += record_errors(spec, rows)  # per-request schemas
+    if spec.metric.kind == "python" and spec.metric.function:
+        errors += _metric_call_errors(spec, rows)
     # Few-shot examples show the answer: only labelled train records can be examples.
     train = [r for r in records(df, "train") if r["expected"] is not None]
     for split, why in (("dev", "the optimizer scores candidates on it"), ("test", "the winner is verified on it")):
