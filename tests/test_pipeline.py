@@ -3,6 +3,7 @@ cache keys, TTFT staleness, promotion, idempotent publishing, the engine pool, r
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from dataclasses import replace
@@ -357,6 +358,24 @@ def test_summary_table_shows_before_after_and_failures():
     assert "summarize: FAILED: SpecError: prompts/summarize.yaml" in text
 
 
+def test_a_summary_read_back_from_parquet_shows_the_same_as_the_row():
+    """The markdown artifacts and the night report share one formatting, and one reading of
+    a Parquet run log: NaN, infinity and a version stored as a float are shown as written."""
+    from promptdistill.core.jsonio import json_records
+
+    row = report.summary_row("ticket_triage", {**FIGURES, "quality_before_low": float("nan"),
+                                               "ttft_ms_after": float("inf")}, version=3, labels=["candidate"])
+    (back,) = json_records(report.summary_frame([row, report.failed_row("x", "boom")]).iloc[:1])
+    assert back["ttft_ms_after"] is None and back["quality_before_low"] is None and back["version"] == 3
+    assert json.dumps(back, allow_nan=False)  # plain JSON: no NaN, no numpy scalars
+    assert report.format_number(None) == report.format_number(float("nan")) == "-"
+    assert report.format_number(0.8123, "{:.2f}") == "0.81"
+    assert report.format_ci(0.8, None, 0.9) == report.format_ci(0.8, float("nan"), 0.9) == "0.800"
+    assert report.format_ci(float("nan"), 0.7, 0.9) == "-" and report.format_ci(0.8, 0.7, 0.9) == "0.800 [0.700, 0.900]"
+    assert report.version_label({**back, "version": 3.0}) == "ticket_triage:3 (candidate)"
+    assert report.version_label({**back, "version": float("nan")}) == "-"
+
+
 def test_markdown_reports(tmp_path):
     row = report.summary_row("ticket_triage", FIGURES, version=3, labels=["candidate"], promotion="gate passed")
     png = tmp_path / "p.png"
@@ -408,17 +427,25 @@ def test_fit_keeps_contended_rows_only_when_too_few_prompts_remain(monkeypatch):
 
 
 # ---------------------------------------------------------------- presets, CLI
-def test_budget_presets_build_the_flow_parameters():
-    from promptdistill.distill import DistillConfig
+def test_budget_presets_build_the_flow_parameters(prompts):
     from promptdistill.optimize import OptimizeBudget
 
+    job = jobs.prepare_job(prompts / "ticket_triage.yaml")
+    keys = set()
     for name in budgets.BUDGET_PRESETS:
         preset = budgets.budget_preset(name)
-        assert isinstance(preset["ttft_budget"], budgets.TTFTBudget)
-        assert isinstance(preset["distill"], DistillConfig) and isinstance(preset["budget"], OptimizeBudget)
-    smoke, quick = budgets.budget_preset("smoke"), budgets.budget_preset("quick")
-    assert smoke["budget"].max_lm_calls < quick["budget"].max_lm_calls <= OptimizeBudget().max_lm_calls
-    assert smoke["budget"].dev_size < quick["budget"].dev_size
+        assert set(preset) == {"ttft_budget", "distill", "budget", "selection"}, name
+        # Each preset is its own cache key: a night never reuses another preset's results.
+        keys.add(jobs.work_key("optimize", job, engine_key="e", seed=0, budget=preset["budget"],
+                               selection=preset["selection"], distill=preset["distill"]))
+    assert len(keys) == len(budgets.BUDGET_PRESETS)
+    # Larger presets do more of everything: LM calls, dev records, profiling time.
+    smoke, quick, full = (budgets.budget_preset(n) for n in ("smoke", "quick", "full"))
+    for stage in ("budget", "distill"):
+        assert smoke[stage].max_lm_calls < quick[stage].max_lm_calls <= full[stage].max_lm_calls, stage
+        assert smoke[stage].dev_size < quick[stage].dev_size <= full[stage].dev_size, stage
+    assert smoke["ttft_budget"].minutes < quick["ttft_budget"].minutes <= full["ttft_budget"].minutes
+    assert quick["budget"].max_lm_calls <= OptimizeBudget().max_lm_calls
     with pytest.raises(ValueError, match="unknown budget preset 'huge'; known: smoke, quick, full"):
         budgets.budget_preset("huge")
 
@@ -455,11 +482,32 @@ def test_a_deployed_night_races_exactly_once():
     assert budgets.stage_settings("quick", distill_instructions=False)["distill"] is None
 
 
-def test_nightly_command_line():
-    from promptdistill.cli import build_parser
+def test_nightly_command_line_runs_the_flow_with_what_it_was_given(monkeypatch):
+    import io
 
-    args = build_parser().parse_args(["nightly", "--specs", "a,b", "--budget", "smoke", "--no-promote"])
-    assert (args.specs, args.budget, args.no_promote, args.no_distill) == ("a,b", "smoke", True, False)
+    import promptdistill.flows.nightly as flows
+    from promptdistill.cli import build_parser
+    from promptdistill.cli.nightly import _run
+    from promptdistill.pipeline.console import Terminal
+
+    called = []
+
+    class State:
+        def result(self, raise_on_failure=True):
+            return "the night's outcome"
+
+    def nightly(**params):
+        called.append(params)
+        return State()
+
+    monkeypatch.setattr(flows, "nightly", nightly)
+    args = build_parser().parse_args(["nightly", "--specs", "ticket_triage, word_problems", "--budget", "smoke",
+                                      "--no-promote", "--prompts-dir", str(REPO / "prompts"), "--seed", "3"])
+    outcome, _ = _run(args, Terminal(io.StringIO(), io.StringIO(), None))
+    assert outcome == "the night's outcome"
+    assert called == [{"specs": ["ticket_triage", "word_problems"], "preset": "smoke", "distill_instructions": True,
+                       "prompts_dir": str(REPO / "prompts"), "seed": 3, "allow_promotion": False,
+                       "ttft_max_age_hours": 168.0, "return_state": True}]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["nightly", "--budget", "huge"])
 

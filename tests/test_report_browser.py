@@ -157,10 +157,12 @@ def test_the_report_opens_in_chromium_without_errors(report, tmp_path):
 def test_promptdistill_report_rebuilds_the_page_from_stored_files(report, nightly_run):
     root = Path(nightly_run["root"])
     before = report.read_bytes()
+    report.unlink()  # a rebuild that writes nothing must not pass on the nightly's own copy
     env = {**os.environ, "PROMPTDISTILL_STATE_DIR": str(root / "state"), "PROMPTDISTILL_REGISTRY": str(root / "registry")}
     out = subprocess.run([sys.executable, "-m", "promptdistill", "report"], cwd=root, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == report
+    assert report.is_file(), "promptdistill report did not write the page"
     assert report.read_bytes() == before
     print(f"night report: {len(before) / 1024:.0f} KiB")

@@ -292,12 +292,18 @@ def test_datasets_import_maps_columns_splits_by_hashed_id_and_reports_what_it_le
     assert all(split == split_of(rid) for rid, split in zip(df["id"], df["split"]))
 
 
-def test_datasets_import_names_a_missing_column(tmp_path):
+def test_datasets_import_names_a_missing_column(tmp_path, capsys):
     from promptdistill.cli import main
 
     spec_path = make_project(tmp_path)
+    dataset = tmp_path / "datasets" / "tool_call.jsonl"
+    before = dataset.read_bytes()
     (tmp_path / "t.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
     assert main(["datasets", "import", str(tmp_path / "t.jsonl"), "--spec", str(spec_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"SpecError: {tmp_path / 't.jsonl'}: no column(s) ['request', 'function'] (columns: ['body'])" in err, err
+    assert "--map INPUT=COLUMN" in err and "Traceback" not in err
+    assert dataset.read_bytes() == before and not list(dataset.parent.glob("*.bak"))  # nothing written
 
 
 def test_the_optimizer_publishes_constrained_decoding_for_a_per_request_schema(tmp_path):

@@ -24,8 +24,15 @@ import pytest
 from test_user_project import FUNCTION, METRIC, make_project
 
 # Label-free records get the current prompt's own reply as ``expected``: the team's metric
-# scores agreement with it there, and its labelled rule where a record has labels.
-METRIC_WITH_REFERENCES = METRIC.replace(
+# scores agreement with it there, and its labelled rule where a record has labels. Each
+# call leaves a line in metrics/scored.log ("reference" or "label"), so the test sees that
+# this module, and not a built-in metric, scored the night's replies.
+METRIC_WITH_REFERENCES = "import pathlib\n" + METRIC.replace(
+    '    if not isinstance(parsed, dict):\n',
+    '    kind = "label" if isinstance(expected, dict) and "allowed" in expected else "reference"\n'
+    '    with open(pathlib.Path(__file__).with_name("scored.log"), "a") as log:\n'
+    '        log.write(kind + "\\n")\n'
+    '    if not isinstance(parsed, dict):\n').replace(
     '    allowed = expected["allowed"]\n',
     '    if "allowed" not in expected:  # the baseline\'s reply is the reference\n'
     '        return float(isinstance(expected, dict) and parsed.get("time") == expected.get("time"))\n'
@@ -122,4 +129,6 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
     assert provenance["engine"]["backend"] == "vllm-local"
     assert provenance["dataset"]["file"] == "tool_call.jsonl"
     assert (project / ".promptdistill").is_dir() and (project / "artifacts" / "registry").is_dir()
-    assert METRIC_WITH_REFERENCES != METRIC  # the project's own metric scored every reply (a failure fails the run)
+    # The project's own metric scored the replies, against the baseline's reply on label-free records.
+    scored = (project / "metrics" / "scored.log").read_text().split()
+    assert "reference" in scored, scored[:50]
