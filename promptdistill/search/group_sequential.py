@@ -27,6 +27,11 @@ The test, for ``H0: mean(d) <= -margin`` against ``H1: mean(d) > -margin``:
   the mirror test of ``mean >= -margin`` rejects (``Z_k <= -c_k``), with the same error
   rate. A race cut short by its budget has spent less than its alpha (stopping early
   without rejecting can only lower the error rate).
+* **Futility** (non-binding): from 40% of the pool on, a race whose conditional power
+  (the chance of crossing at the last look if the trend so far continues) is below 2%
+  stops: it could only spend records on a decision it will not reach. Stopping without
+  rejecting lowers the error rate, so the boundaries above keep their alpha; the plan's
+  power includes these stops (the simulation in the tests checks it).
 * **Bounds**: the repeated confidence interval, ``{m : -c_k < Z_k(m) < c_k}``, so the
   bounds reported at a look agree with the decision made there.
 
@@ -52,7 +57,11 @@ from scipy import optimize as sopt
 from scipy import stats
 
 __all__ = [
+    "FUTILITY_CP",
+    "FUTILITY_FROM",
+    "conditional_power",
     "crossing_probability",
+    "futility_bounds",
     "null_variance",
     "obf_boundaries",
     "obf_spending",
@@ -60,6 +69,11 @@ __all__ = [
     "score_statistic",
     "tango_variance",
 ]
+
+FUTILITY_CP = 0.02
+"""Conditional power below which a race stops for futility."""
+FUTILITY_FROM = 0.4
+"""Information fraction from which futility is checked (earlier trends are too noisy)."""
 
 _GRID = 301
 """Grid points per look of the numerical integration (boundaries within 1e-4 of the published
@@ -95,12 +109,15 @@ class _Recursion:
         tail = stats.norm.sf((c * math.sqrt(t) - mean) / sd)
         return float(tail) if self.mass is None else float(np.sum(self.mass * tail))
 
-    def advance(self, c: float, t: float) -> None:
-        """Condition on no crossing at fraction ``t`` and move there."""
+    def advance(self, c: float, t: float, lower: float = -math.inf) -> None:
+        """Condition on no crossing at fraction ``t`` (``lower < Z < c``) and move there."""
         mean, sd = self._moments(t)
         spread = self.scale * math.sqrt(t)
         top = c * math.sqrt(t) if math.isfinite(c) else self.drift * t + 9.0 * spread
-        w = np.linspace(min(top, self.drift * t) - 9.0 * spread, top, _GRID)
+        bottom = min(top, self.drift * t) - 9.0 * spread
+        if math.isfinite(lower):
+            bottom = max(bottom, min(lower * math.sqrt(t), top - 1e-9))
+        w = np.linspace(bottom, top, _GRID)
         if self.mass is None:
             f = stats.norm.pdf((w - mean) / sd) / sd
         else:
@@ -111,12 +128,14 @@ class _Recursion:
 
 
 def _crossings(bounds: Sequence[float], fractions: Sequence[float], drift: float = 0.0,
-               scale: float = 1.0) -> np.ndarray:
-    """P(first crossing at look k), k = 1..K (bounds may be inf: no boundary at that look)."""
+               scale: float = 1.0, lowers: Sequence[float] | None = None) -> np.ndarray:
+    """P(first crossing at look k), k = 1..K (bounds may be inf: no boundary at that look);
+    ``lowers``: stop without crossing below these (futility)."""
     rec, out = _Recursion(drift, scale), np.zeros(len(bounds))
+    lowers = [-math.inf] * len(bounds) if lowers is None else list(lowers)
     for k, (c, t) in enumerate(zip(bounds, fractions)):
         out[k] = rec.crossing(c, t)
-        rec.advance(c, t)
+        rec.advance(c, t, lowers[k])
     return out
 
 
@@ -150,10 +169,18 @@ def obf_boundaries(fractions: Sequence[float], *, alpha: float) -> np.ndarray:
 
 
 def crossing_probability(bounds: Sequence[float], fractions: Sequence[float], *, drift: float,
-                         scale: float = 1.0) -> float:
-    """P(``Z_k >= bounds[k]`` at some look) when ``W(t) = drift t + scale B(t)``: the power
-    of the design (``drift = 0, scale = 1``: its size)."""
-    return float(np.sum(_crossings(list(bounds), list(fractions), drift, scale)))
+                         scale: float = 1.0, lowers: Sequence[float] | None = None) -> float:
+    """P(``Z_k >= bounds[k]`` at some look, never below ``lowers`` before) when
+    ``W(t) = drift t + scale B(t)``: the power of the design (``drift = 0, scale = 1``: its size)."""
+    return float(np.sum(_crossings(list(bounds), list(fractions), drift, scale, lowers)))
+
+
+def futility_bounds(bounds: Sequence[float], fractions: Sequence[float]) -> list[float]:
+    """The z below which a look stops for futility: where :func:`conditional_power` falls
+    under ``FUTILITY_CP``, ``sqrt(t) (c_K - z_{1-p} sqrt(1 - t))`` (-inf where not checked)."""
+    final, z_p = bounds[-1], stats.norm.ppf(1.0 - FUTILITY_CP)
+    return [math.sqrt(t) * (final - z_p * math.sqrt(1.0 - t)) if FUTILITY_FROM <= t < 1.0 else -math.inf
+            for t in fractions]
 
 
 def tango_variance(wins: np.ndarray | float, losses: np.ndarray | float, n: np.ndarray | float,
@@ -174,6 +201,21 @@ def tango_variance(wins: np.ndarray | float, losses: np.ndarray | float, n: np.n
     q = (big_b + np.sqrt(np.maximum(big_b ** 2 - 8.0 * n * c * delta * (1.0 + delta), 0.0))) / (4.0 * n)
     p = q - delta
     return np.maximum(p + q - delta * delta, 0.0)
+
+
+def conditional_power(z: np.ndarray | float, t: float, final_bound: float) -> np.ndarray:
+    """P(``Z`` at the last look >= ``final_bound`` | ``Z = z`` at information fraction ``t``),
+    if the trend so far continues (drift ``z / sqrt(t)`` per unit of information).
+
+    Only the last look is counted, so this is a slight underestimate of the chance of
+    crossing at any later look: a futility stop based on it errs on the side of stopping,
+    which never raises the error rate.
+    """
+    z = np.asarray(z, dtype=np.float64)
+    w = z * math.sqrt(t)
+    drift = w / t
+    rest = 1.0 - t
+    return stats.norm.sf((final_bound - w - drift * rest) / math.sqrt(rest))
 
 
 def null_variance(diffs: np.ndarray, null_mean: float, weights: np.ndarray | None = None) -> float:

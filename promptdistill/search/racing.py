@@ -340,6 +340,9 @@ def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, t
     if verdict == INFERIOR:
         return Decision(INFERIOR, n, mean, lo, hi, alpha, f"certified inferior: bounds {bounds}, "
                         f"a drop of less than {margin:g} ruled out")
+    if verdict == "futile":
+        return Decision(STOPPED, n, mean, lo, hi, alpha, f"stopped for futility: a drop of {margin:g} cannot be "
+                        f"ruled out by the last look if the trend so far continues; bounds {bounds}")
     if not final:
         return Decision(UNDECIDED, n, mean, lo, hi, alpha, f"undecided so far: bounds {bounds}")
     if stopped:

@@ -167,10 +167,19 @@ class GroupSequentialTest:
         return float(gs.obf_boundaries([k / self.pool for k in planned], alpha=self.alpha)[planned.index(n)])
 
     def verdict(self, diffs: Sequence[float], margin: float) -> str | None:
-        """'non-inferior', 'inferior' or None (go on) after ``len(diffs)`` records."""
-        c = self.boundary(len(diffs))
+        """'non-inferior', 'inferior', 'futile' (stop: a certification is out of reach) or
+        None (go on) after ``len(diffs)`` records."""
+        n = len(diffs)
+        c = self.boundary(n)
         z = gs.score_statistic(diffs, -margin)
-        return "non-inferior" if z >= c else "inferior" if z <= -c else None
+        if z >= c:
+            return "non-inferior"
+        if z <= -c:
+            return "inferior"
+        t = n / self.pool
+        if gs.FUTILITY_FROM <= t < 1.0 and gs.conditional_power(z, t, self.boundary(self.pool)) < gs.FUTILITY_CP:
+            return "futile"
+        return None
 
     def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
         """The verdict with the repeated confidence interval at this look, (verdict, lower, upper)."""
@@ -269,13 +278,14 @@ class Plan:
 
 def _gs_power(delta: float, n: int, discordance: float, alpha: float, first_look: int) -> float:
     """Power of the group-sequential test on ``n`` records at a true tie (normal approximation,
-    the null variance at its population value)."""
+    the null variance at its population value), its futility stops included."""
     planned = looks(n, first=first_look)
     fractions = [k / n for k in planned]
     bounds = gs.obf_boundaries(fractions, alpha=alpha)
     d = max(discordance, 1e-9)
     v0 = gs.null_variance(np.array([-1.0, 0.0, 1.0]), -delta, weights=np.array([d / 2, 1.0 - d, d / 2]))
-    return gs.crossing_probability(bounds, fractions, drift=delta * math.sqrt(n / v0), scale=math.sqrt(d / v0))
+    return gs.crossing_probability(bounds, fractions, drift=delta * math.sqrt(n / v0), scale=math.sqrt(d / v0),
+                                   lowers=gs.futility_bounds(bounds, fractions))
 
 
 def _gs_plan(pool: int, discordance: float, margin: float, alpha: float, first_look: int,
