@@ -58,7 +58,7 @@ run: model
 	$(PY) -m promptdistill nightly --budget quick
 
 test: model browser
-	$(PY) -m pytest --timeout 1800
+	$(PY) -m pytest --timeout 1800 --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -m "not engine and not server and not slow"

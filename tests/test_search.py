@@ -555,6 +555,24 @@ def test_screen_keeps_plausible_candidates_that_can_beat_the_baseline_cheapest_f
     assert len(ev.calls) == 1
 
 
+def test_screen_does_not_race_a_tie_that_screens_below_the_baseline():
+    """A candidate within the resolution of the baseline's cost can win only at the
+    baseline's quality or better: screening below it (even inside the margin), it is not
+    raced; at the baseline's quality it is; a faster one below it (inside the margin) is."""
+    base = cand("baseline", 100.0, static=300)
+    cands = [cand("tie_worse", 98.0, static=100), cand("tie_equal", 99.0, static=150),
+             cand("fast_worse", 60.0, static=100)]
+    ev = FakeEvaluator({"baseline": [0.75] * 8, "tie_worse": [0.625] * 8, "tie_equal": [0.75] * 8,
+                        "fast_worse": [0.625] * 8})
+    finalists = screen(base, cands, numbered_records(8), ev, budget=Budget(FakeMeter(), **GENEROUS),
+                       settings=RaceSettings(margin=0.25, finalists=3), resolution=lambda a, b: 5.0)
+    assert [c.id for c in finalists] == ["fast_worse", "tie_equal"]
+    worse = cands[0]
+    assert worse.notes == ["screening: not faster than the baseline beyond the resolution (cost 98.0 vs 100.0, "
+                           "resolution 5.0) and below its quality on the screen records (-0.125 on 8); a tie "
+                           "wins only at the baseline's quality or better"]
+
+
 def test_screen_under_a_budget_screens_the_cheapest_and_notes_the_rest():
     meter = FakeMeter()
     base, cands, recs, ev = screen_setup(meter)

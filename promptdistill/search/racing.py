@@ -5,7 +5,9 @@ search this way; only their candidates, their evaluation and their cost differ.
 
 1. **Screen** (:func:`screen`): the baseline and every candidate on the screen records
    (``splits.screen``). A candidate is *plausible* when its mean difference from the
-   baseline there is within the margin. The finalists are the plausible candidates that
+   baseline there is within the margin, and, when it is not faster than the baseline
+   beyond the resolution (so only the *tie* clause below could pick it), at least zero:
+   records are spent only on decisions still open. The finalists are the plausible candidates that
    could beat the baseline, cheapest first, then the rest by difference; at most
    ``finalists`` of them, in the order selection would prefer them. Screening only chooses
    what to race: it never certifies.
@@ -248,10 +250,23 @@ def _screen_diff(cand: Candidate, base: Candidate) -> float:
 
 
 def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> int:
-    """0: plausible and able to beat the baseline; 1: could beat it but looks worse; 2: cannot beat it."""
+    """0: plausible and able to beat the baseline; 1: could beat it but looks worse; 2: cannot beat it.
+
+    A candidate within the resolution of the baseline's cost wins only at the baseline's
+    quality or better (the *tie* clause), so it is raced only when its screen records do not
+    already show it below the baseline: a race it can win only by noise is not an open
+    decision worth its records."""
     if not can_beat(cand, base, resolution, best_is_baseline=True):
         return 2
-    return 0 if _screen_diff(cand, base) >= -margin - 1e-12 else 1
+    diff = _screen_diff(cand, base)
+    if diff < -margin - 1e-12 or (not _faster(cand, base, resolution) and diff < 0):
+        return 1
+    return 0
+
+
+def _faster(cand: Candidate, base: Candidate, resolution: Resolution) -> bool:
+    """The *faster* clause: cheaper than the baseline by more than the resolution."""
+    return base.cost - cand.cost > resolution(cand, base)
 
 
 def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> str:
@@ -260,6 +275,10 @@ def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Re
                 f"resolution {resolution(cand, base):.1f})")
     diff = paired_mean(cand.screen, base.screen)
     shown = "-" if diff is None else f"{diff:+.3f}"
+    if diff is not None and diff >= -margin - 1e-12:
+        return (f"screening: not faster than the baseline beyond the resolution (cost {cand.cost:.1f} vs "
+                f"{base.cost:.1f}, resolution {resolution(cand, base):.1f}) and below its quality on the screen "
+                f"records ({shown} on {cand.screen.n}); a tie wins only at the baseline's quality or better")
     return f"screening: mean difference {shown} on {cand.screen.n} records is below -{margin:g}"
 
 
@@ -400,7 +419,7 @@ def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: 
         cut = next((r for r in undecided if "budget" in r or "cap" in r), None)
         why = "no candidate certified non-inferior"
         return baseline, f"{KEPT}: {why}{f' ({cut})' if cut else ''}; keeping the baseline"
-    faster = [c for c in certified if baseline.cost - c.cost > resolution(c, baseline)]
+    faster = [c for c in certified if _faster(c, baseline, resolution)]
     if faster:
         best = _preferred(faster, resolution, baseline)
         return best, (f"{FASTER}: {best.id}: {best.decision.reason}; cost {best.cost:.1f} vs baseline "
