@@ -210,16 +210,15 @@ def _report(args: argparse.Namespace) -> int:
 
 def _study() -> Any:
     """The TTFT study (``bench/ttft_study``), which lives beside the package in a source
-    checkout: the product never imports it, this command only when run."""
+    checkout: the product never imports it, this command only when run, and only where
+    Python already finds it (``python -m promptdistill`` from the repository root)."""
     import importlib
 
-    root = Path(__file__).resolve().parents[2]
-    if (root / "bench" / "ttft_study").is_dir() and str(root) not in sys.path:
-        sys.path.append(str(root))
     try:
         return importlib.import_module("bench.ttft_study")
     except ModuleNotFoundError as e:
         if e.name not in ("bench", "bench.ttft_study"):
             raise  # the study is there but a library it needs is not: say which
-        raise ImportError("the TTFT study is not installed with the package: it lives in a source checkout's "
-                          "bench/ttft_study/ (run `python -m bench.ttft_study` from the repository root)") from None
+        raise ImportError("the TTFT study is not part of the installed package: it lives in a source checkout's "
+                          "bench/ttft_study/; run `python -m promptdistill ttft report ...` or "
+                          "`python -m bench.ttft_study` from the repository root") from None
