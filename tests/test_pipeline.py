@@ -144,6 +144,45 @@ def test_work_key_depends_on_exactly_what_determines_the_result(prompts):
     assert jobs.work_key("optimize", moved, **base) == key
 
 
+def test_stage_keys_follow_the_judge_definitions_and_nothing_else(prompts, tmp_path):
+    from promptdistill.core.config import Settings
+    from promptdistill.judges.definitions import BUILTIN_DIR
+    from promptdistill.optimize import OptimizeBudget, SelectionRule
+
+    judges = tmp_path / "judges"
+    judges.mkdir()
+    (judges / "my_judge.yaml").write_text("name: my_judge\nversion: 1\n")
+    (judges / "README.md").write_text("notes\n")
+    settings = Settings(judges_dir=judges)
+    job = jobs.prepare_job(prompts / "ticket_triage.yaml")
+
+    def keys() -> tuple[str, str]:
+        return (jobs.distill_key(job, engine_key="e", seed=0, distill={"max_rounds": 1}, settings=settings),
+                jobs.optimize_key(job, engine_key="e", seed=0, budget=OptimizeBudget(), selection=SelectionRule(),
+                                  distill=None, ttft_model="t1", settings=settings))
+
+    first = keys()
+    assert first == keys()
+    assert set(jobs.judges_hash(judges)) == {"my_judge", *(p.stem for p in BUILTIN_DIR.glob("*.yaml"))}
+    # Not a judge definition: the keys stay.
+    (judges / "README.md").write_text("other notes\n")
+    (judges / "draft.yaml.bak").write_text("x\n")
+    assert keys() == first
+    # A project judge edited: both stages rerun.
+    (judges / "my_judge.yaml").write_text("name: my_judge\nversion: 2\n")
+    edited = keys()
+    assert edited[0] != first[0] and edited[1] != first[1]
+    # A project copy overriding a built-in: what load_judge reads changed, so the keys do.
+    (judges / "rubric_score.yaml").write_bytes((BUILTIN_DIR / "rubric_score.yaml").read_bytes() + b"# tweaked\n")
+    overridden = keys()
+    assert overridden[0] != edited[0] and overridden[1] != edited[1]
+    # The judge engine is in the key too.
+    from promptdistill.core.config import EngineConfig
+
+    settings = Settings(judges_dir=judges, judge=EngineConfig(backend="server", served_model_name="judge-model"))
+    assert keys()[1] != overridden[1]
+
+
 def test_settings_key_reduces_dataclasses_and_models_to_json():
     from promptdistill.optimize import OptimizeBudget
 

@@ -8,8 +8,9 @@ exactly one. They hold a slot of the engine's global concurrency limit while the
 it, so flow runs sharing an engine take turns.
 
 Caching: ``distill-spec`` and ``optimize-spec`` are cached on
-:func:`promptdistill.pipeline.jobs.work_key` (spec hash, dataset hash, engine identity,
-budget, seed, and for the optimizer the TTFT model version). Their results are plain
+:func:`promptdistill.pipeline.jobs.distill_key` and :func:`~promptdistill.pipeline.jobs.optimize_key`
+(spec hash, dataset hash, engine identity, budget, seed, judge engine, the judge
+definitions' content, and for the optimizer the TTFT model version). Their results are plain
 JSON (the stage's summary and the folder of its files), persisted with Prefect's JSON
 serializer under ``<state_dir>/prefect-results``: nothing there is unpickled, and a
 rerun after a crash skips finished work. Under that, every LM request goes through the
@@ -40,7 +41,7 @@ from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline import stages
 from promptdistill.pipeline.budgets import TTFTBudget, task_timeout_s
-from promptdistill.pipeline.jobs import SpecJob, prepare_job, work_key
+from promptdistill.pipeline.jobs import SpecJob, distill_key, optimize_key, prepare_job
 from promptdistill.pipeline.night_report import REPORT_PART, prompt_rows, write_night_report
 from promptdistill.pipeline.publish import promote_and_publish
 from promptdistill.pipeline.report import (
@@ -264,17 +265,17 @@ def _run_spec(path: str, *, engine_config: EngineConfig, engine_key: str, budget
     if not state.is_completed():
         return failed_row(stem, _error(state))
     job = state.result()
-    distilled, hits = None, []
+    distilled, hits, settings = None, [], load_settings()
     if distill is not None:
-        dkey = work_key("distill", job, engine_key=engine_key, seed=seed, distill=distill, judge=load_settings().judge)
+        dkey = distill_key(job, engine_key=engine_key, seed=seed, distill=distill, settings=settings)
         state = persisted(distill_spec, task_run_name=f"distill-{job.name}",
                           timeout_seconds=task_timeout_s(distill.max_minutes))(
             engine_config, job, distill, seed, dkey, return_state=True)
         if not state.is_completed():
             return failed_row(job.name, _error(state), run_key=dkey)
         distilled, hits = state.result(), hits + [state.name == "Cached"]
-    key = work_key("optimize", job, engine_key=engine_key, seed=seed, budget=budget, selection=selection,
-                   distill=distill, ttft_model=ttft_version, judge=load_settings().judge)
+    key = optimize_key(job, engine_key=engine_key, seed=seed, budget=budget, selection=selection, distill=distill,
+                       ttft_model=ttft_version, settings=settings)
     state = persisted(optimize_spec, task_run_name=f"optimize-{job.name}",
                       timeout_seconds=task_timeout_s(budget.max_minutes))(
         engine_config, job, budget, selection, seed, distilled, registry_root, key, return_state=True)

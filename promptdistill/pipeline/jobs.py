@@ -1,18 +1,26 @@
-"""Which specs a run covers and what identifies one spec's work (the cache key of a task)."""
+"""Which specs a run covers and what identifies one spec's work (the cache key of a task).
+
+The rule of what enters a stage's cache key lives here, in :func:`distill_key` and
+:func:`optimize_key`; the flows only call them.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from promptdistill.core.config import Settings
 from promptdistill.core.errors import PromptDistillError, SpecError
 from promptdistill.core.jsonio import canonical_json, json_safe
+from promptdistill.judges.definitions import judge_dirs
 from promptdistill.specs.datasets import dataset_hash
 from promptdistill.specs.load import load_spec
 
-__all__ = ["SpecJob", "SpecsFailedError", "prepare_job", "select_spec_files", "settings_key", "work_key"]
+__all__ = ["SpecJob", "SpecsFailedError", "distill_key", "judges_hash", "optimize_key", "prepare_job", "select_spec_files",
+           "settings_key", "work_key"]
 
 
 class SpecsFailedError(PromptDistillError):
@@ -102,3 +110,46 @@ def work_key(stage: str, job: SpecJob, *, engine_key: str, seed: int, **settings
         **{name: settings_key(value) for name, value in sorted(settings.items())},
     }
     return f"{stage}-" + hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:32]
+
+
+def judges_hash(directory: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The content of every judge definition a run can load: ``{name: sha256 of the file}``.
+
+    For each name, the file :func:`~promptdistill.judges.definitions.load_judge` would read:
+    the project's copy (``directory``, default the configured ``[paths] judges``), else the
+    built-in. All of them, not only the ones a spec names: the distiller's judges are not
+    named in specs, and a key that changes on an unused judge only costs a rerun. A file
+    that cannot be read enters as its error (loading it fails the stage that uses it).
+    """
+    found: dict[str, Path] = {}
+    for root in reversed(judge_dirs(directory)):  # built-ins first: the project's copy wins
+        for path in sorted(root.glob("*.yaml")):
+            if path.is_file():
+                found[path.stem] = path
+    hashes: dict[str, str] = {}
+    for name, path in sorted(found.items()):
+        try:
+            hashes[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as e:
+            hashes[name] = f"unreadable: {e.strerror or e}"
+    return hashes
+
+
+def _project_settings(settings: Settings) -> dict[str, Any]:
+    """What both stages' keys take from the settings: the judge engine and the judges' content."""
+    return {"judge": settings.judge, "judges": judges_hash(settings.judges_dir)}
+
+
+def distill_key(job: SpecJob, *, engine_key: str, seed: int, distill: Any, settings: Settings) -> str:
+    """The distill stage's cache key: :func:`work_key` over the distill config, the judge
+    engine (``[judge]``) and the content of the judge definitions (:func:`judges_hash`)."""
+    return work_key("distill", job, engine_key=engine_key, seed=seed, distill=distill, **_project_settings(settings))
+
+
+def optimize_key(job: SpecJob, *, engine_key: str, seed: int, budget: Any, selection: Any, distill: Any,
+                 ttft_model: str | None, settings: Settings) -> str:
+    """The optimize stage's cache key: :func:`work_key` over the budget, the selection rule,
+    the distill config (None: no distill stage), the TTFT model version, the judge engine
+    and the content of the judge definitions (:func:`judges_hash`)."""
+    return work_key("optimize", job, engine_key=engine_key, seed=seed, budget=budget, selection=selection,
+                    distill=distill, ttft_model=ttft_model, **_project_settings(settings))
