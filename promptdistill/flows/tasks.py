@@ -36,6 +36,7 @@ from prefect.tasks import exponential_backoff
 
 from promptdistill.core.config import EngineConfig, load_settings
 from promptdistill.core.errors import EngineTimeoutError, EngineUnavailableError
+from promptdistill.core.jsonio import json_records
 from promptdistill.distill.loop import DistillConfig
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
@@ -309,7 +310,7 @@ def report_night(rows: list[dict[str, Any]], ttft: dict[str, Any], registry_root
     registry = Registry(registry_root)
     frame = summary_frame(rows)
     url = registry.put_run_log(run_id, frame, part="summary")
-    create_table_artifact(table=frame.astype(object).where(frame.notna(), None).to_dict("records"), key="nightly-summary",
+    create_table_artifact(table=json_records(frame), key="nightly-summary",
                           description="Nightly: one row per spec (tokens, TTFT, quality before and after; published version)")
     report = None
     try:
