@@ -130,10 +130,48 @@ def test_the_bench_command_regenerates_the_study_where_it_is_told(tmp_path, monk
         runpy.run_module("bench.ttft_study", run_name="__main__")
     assert done.value.code == 0
     assert "Does semantic density change TTFT" in (out / "report.md").read_text()
-    numbers = json.loads((out / "report.json").read_text())
+    numbers = _strict_json(out / "report.json")
     assert numbers["density"]["n_boot"] == 20 and numbers["model_version"] is None  # nothing published here
     for png in ("pred_vs_measured.png", "residuals.png", "density_partial.png", "noise.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG"), png
+
+
+def _strict_json(path: Path) -> dict:
+    """The file's JSON, refusing NaN and Infinity (which json.dumps writes by default and
+    strict parsers reject)."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{path}: {name} is not JSON")
+
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+
+
+def test_report_json_writes_a_missing_figure_as_null(tmp_path, monkeypatch):
+    import numpy as np
+
+    from bench.ttft_study import report
+
+    def numbers(rows, **_):
+        return {"engine": {"engine_key": rows["engine_key"].iloc[0], "engine_backend": rows["engine_backend"].iloc[0],
+                           "engine_max_model_len": np.int64(2048)},
+                "fit": {"chosen": "linear"}, "heldout_mape_chosen": float("nan"),
+                "heldout_mape_median_chosen": np.float64("nan"), "noise": {"floor_vs_medians": float("inf")},
+                "target": {"vs_medians": {"met": np.bool_(False), "ratio_to_floor": float("nan")}},
+                "mechanics": {}, "queue": {"table": [{"batch": 2, "mape": np.nan}]}, "hardware": {}, "rows": {}}
+
+    monkeypatch.setattr(report, "report_numbers", numbers)
+    monkeypatch.setattr(report, "engine_markdown", lambda n: "engine\n")
+    monkeypatch.setattr(report, "overview_markdown", lambda engines, note="": "overview\n")
+    df = pd.DataFrame({"engine_key": ["a", "b"], "engine_backend": ["vllm-local", "vllm-server"]})
+    report.build_report(df.iloc[:1], tmp_path / "one", fit=None)
+    one = _strict_json(tmp_path / "one" / "report.json")
+    assert one["heldout_mape_chosen"] is None and one["heldout_mape_median_chosen"] is None
+    assert one["noise"]["floor_vs_medians"] is None and one["queue"]["table"] == [{"batch": 2, "mape": None}]
+    assert one["engine"]["engine_max_model_len"] == 2048 and one["target"]["vs_medians"]["met"] is False
+    report.build_overview(df, tmp_path / "all")
+    overview = _strict_json(tmp_path / "all" / "report.json")
+    assert overview["engines"]["vllm-local"]["heldout_mape"] is None
+    assert _strict_json(tmp_path / "all" / "vllm-server" / "report.json")["heldout_mape_chosen"] is None
 
 
 # --- the study stays out of the product ---------------------------------------------------------

@@ -16,7 +16,6 @@ floor and its fit figure only (``promptdistill.pipeline.ttft_models``).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from bench.ttft_study.analysis import (
 from bench.ttft_study.figures import write_figures
 from bench.ttft_study.report_text import engine_markdown, overview_markdown
 from promptdistill.core.errors import IntegrityError, TemplateNotFoundError
-from promptdistill.core.jsonio import atomic_write
+from promptdistill.core.jsonio import atomic_write, write_json
 from promptdistill.pipeline.ttft_models import load_ttft_model
 from promptdistill.registry.store import Registry
 from promptdistill.ttft.fit import FitResult, check_frame, engine_rows, fit_models, identity_of
@@ -77,7 +76,7 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     numbers = report_numbers(df, fit=fit, n_boot=n_boot, seed=seed, model_version=model_version,
                              drop_contended=drop_contended, out=out)
-    _atomic_write(out / "report.json", json.dumps(numbers, indent=2, default=_jsonable) + "\n")
+    write_json(out / "report.json", numbers)  # a missing figure (NaN, infinity) as null
     _atomic_write(out / "report.md", engine_markdown(numbers))
     return out / "report.md"
 
@@ -175,11 +174,11 @@ def build_overview(
         (out / slug).mkdir(parents=True, exist_ok=True)
         numbers = report_numbers(rows, fit=None, n_boot=n_boot, seed=seed, drop_contended=drop_contended,
                                  model_version=(model_versions or {}).get(key), out=out / slug)
-        _atomic_write(out / slug / "report.json", json.dumps(numbers, indent=2, default=_jsonable) + "\n")
+        write_json(out / slug / "report.json", numbers)
         _atomic_write(out / slug / "report.md", engine_markdown(numbers))
         engines[slug] = numbers
     summary = {slug: _summary(n) for slug, n in engines.items()}
-    _atomic_write(out / "report.json", json.dumps({"engines": summary, "note": note}, indent=2, default=_jsonable) + "\n")
+    write_json(out / "report.json", {"engines": summary, "note": note})
     _atomic_write(out / "report.md", overview_markdown(engines, note=note))
     return out / "report.md"
 
@@ -224,15 +223,3 @@ def _summary(n: dict[str, Any]) -> dict[str, Any]:
 
 def _atomic_write(path: Path, text: str) -> None:
     atomic_write(path, text)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return None if np.isnan(value) else float(value)
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    if isinstance(value, (pd.Timestamp,)):
-        return value.isoformat()
-    return str(value)
