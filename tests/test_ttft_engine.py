@@ -112,7 +112,8 @@ def test_stored_model_round_trips_exactly_and_other_engines_are_refused(profile,
     registry = Registry(str(tmp_path / "registry"))
     publish_ttft_model(registry, model)
     loaded = load_ttft_model(registry, engine.identity)
-    assert np.array_equal(loaded.predict_frame(profile.frame), model.predict_frame(profile.frame))
+    rows = profile.frame.to_dict("records")
+    assert np.array_equal(loaded.predict_many(rows), model.predict_many(rows))
     assert json.loads(model.to_files()["model.json"])["engine_key"] == engine.identity.key()
 
     other = dataclasses.replace(model, engine_identity=dataclasses.replace(engine.identity, hardware="another machine"))

@@ -154,7 +154,8 @@ def test_files_round_trip_exactly(frame, name):
     files = model.to_files()
     loaded = TTFTModel.from_files(files)
     assert loaded.version == model.version
-    assert np.array_equal(loaded.predict_frame(frame), model.predict_frame(frame))
+    rows = frame.to_dict("records")
+    assert np.array_equal(loaded.predict_many(rows), model.predict_many(rows))
     assert ("estimator.skops" in files) == (name == "hgb")
     assert not any(name.endswith((".pkl", ".joblib")) for name in files)
     assert json.loads(files["model.json"])["mechanics"] == {"block_tokens": None, "chunk_tokens": None}
@@ -164,7 +165,7 @@ def test_predict_takes_a_features_dict(fitted, frame):
     model = TTFTModel(estimator=fitted.estimator, kind="monomial", name=fitted.chosen, engine_identity=IDENT)
     row = frame.iloc[0].to_dict()
     single = model.predict(row)
-    assert single == pytest.approx(model.predict_frame(frame.iloc[:1])[0])
+    assert single == pytest.approx(model.predict_many([row])[0])
     derived = {k: row[k] for k in ("total_tokens", "cached_tokens", "fewshot_count", "semantic_density", "entropy_bits")}
     assert model.predict(derived) == pytest.approx(single)
     with pytest.raises(KeyError, match="cached_tokens"):
@@ -204,16 +205,17 @@ def test_tampered_artifacts_are_refused(fitted, frame, tmp_path):
         TTFTModel.from_files({"model.json": json.dumps(meta).encode()})
 
 
-def test_from_fit_learns_the_cache_block_and_sets_warm_features(fitted, frame):
+def test_from_fit_learns_the_cache_block_and_a_warm_prefix_predicts_faster(fitted, frame):
+    from promptdistill.ttft.estimators import warm_cached_tokens  # the rule the optimizer applies
+
     model = TTFTModel.from_fit(fitted, frame)
     assert model.engine_identity == IDENT
     assert model.training["cache_block_tokens"] == 128  # synthetic cached counts are multiples of 128
     features = {"total_tokens": 900, "static_prefix_tokens": 700, "fewshot_count": 2, "semantic_density": 0.5,
                 "entropy_bits": 6.5}
-    warm, cold = model.cache_features(features, warm=True), model.cache_features(features, warm=False)
-    assert (warm["cached_tokens"], warm["uncached_tokens"]) == (640, 260)
-    assert (cold["cached_tokens"], cold["uncached_tokens"]) == (0, 900)
-    assert model.predict(warm) < model.predict(cold)
+    cached = warm_cached_tokens(700, 900, model.training["cache_block_tokens"])
+    assert cached == 640
+    assert model.predict({**features, "cached_tokens": cached}) < model.predict({**features, "cached_tokens": 0})
 
 
 # --- engine mechanics ------------------------------------------------------------------------
@@ -304,7 +306,8 @@ def test_format_1_models_still_load_and_predict(frame):
     files = old.to_files()
     assert json.loads(files["model.json"])["format_version"] == 1 and "mechanics" not in json.loads(files["model.json"])
     loaded = TTFTModel.from_files(files)
-    assert loaded.version == old.version and np.array_equal(loaded.predict_frame(frame), old.predict_frame(frame))
+    rows = frame.to_dict("records")
+    assert loaded.version == old.version and np.array_equal(loaded.predict_many(rows), old.predict_many(rows))
 
 
 # --- the noise floor -------------------------------------------------------------------------

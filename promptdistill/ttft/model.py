@@ -45,7 +45,6 @@ from promptdistill.ttft.estimators import (
     DERIVED_FEATURES,
     MODEL_FEATURES,
     MonomialRegressor,
-    warm_cached_tokens,
     with_mechanics,
 )
 from promptdistill.ttft.fit import OPTIONAL_INPUTS, identity_of
@@ -165,22 +164,6 @@ class TTFTModel:
         heldout = (self.metrics.get("heldout") or {}).get(self.name) or {}
         return float(heldout.get("mape", 0.1))
 
-    def cache_features(self, features: Mapping[str, Any], *, warm: bool) -> dict[str, Any]:
-        """``features`` with ``cached_tokens``/``uncached_tokens`` set for a cold or warm cache.
-
-        Warm: the static prefix (``static_prefix_tokens``, from ``promptdistill.ttft.features``)
-        is in the cache, rounded down to whole cache blocks of the engine's size (as
-        profiled), never including the last prompt token.
-        """
-        out = dict(features)
-        cached = 0
-        if warm:
-            block = self.mechanics.get("block_tokens") or self.training.get("cache_block_tokens")
-            cached = warm_cached_tokens(out["static_prefix_tokens"], out["total_tokens"], block)
-        out["cached_tokens"] = cached
-        out["uncached_tokens"] = int(out["total_tokens"]) - cached
-        return out
-
     # -- prediction -----------------------------------------------------------------
 
     def check_engine(self, engine_identity: EngineIdentity | None, *, allow_other_engine: bool = False) -> None:
@@ -228,16 +211,6 @@ class TTFTModel:
             return np.zeros(0)
         with threadpool_limits(1):  # tiny inputs: threads only add contention
             return np.asarray(self.estimator.predict(np.asarray(rows)), dtype=np.float64)
-
-    def predict_frame(
-        self,
-        df: pd.DataFrame,
-        *,
-        engine_identity: EngineIdentity | None = None,
-        allow_other_engine: bool = False,
-    ) -> np.ndarray:
-        """Predicted TTFT in milliseconds for each row of a features frame."""
-        return self.predict_many(df.to_dict("records"), engine_identity=engine_identity, allow_other_engine=allow_other_engine)
 
     # -- persistence ------------------------------------------------------------------
 
