@@ -192,6 +192,27 @@ def test_settings_key_reduces_dataclasses_and_models_to_json():
     assert jobs.settings_key(None) is None
 
 
+def test_run_ids_sort_by_time_and_are_registry_names():
+    from datetime import timezone
+
+    from promptdistill.pipeline.night_report import latest_run_id
+    from promptdistill.registry.records import check_name
+
+    t = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert jobs.run_id_for("0f1e2d3c-aaaa-bbbb-cccc", t) == "20250102T030405Z-0f1e2d3c"
+    assert jobs.run_id_for(None, t) == "20250102T030405Z-local"
+    # UTC whatever the clock's zone: the stamp is the same instant.
+    assert jobs.run_id_for("x", t.astimezone(timezone(timedelta(hours=-5)))) == "20250102T030405Z-x"
+    ids = [jobs.run_id_for(flow, t + timedelta(seconds=s)) for flow, s in (("ffffffff", 0), ("00000000", 1), (None, 2))]
+    assert sorted(ids) == ids and all(check_name(i, "run id") for i in ids)
+
+    class Runs:  # the newest run with a summary, by its id
+        def get_run_log(self, run_id, part):
+            return run_id
+
+    assert latest_run_id(Runs(), reversed(ids)) == ids[-1]
+
+
 # --------------------------------------------------------------- TTFT model
 def test_ttft_status_missing_then_fresh_then_stale(registry, fitted):
     model, _ = fitted

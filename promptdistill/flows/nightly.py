@@ -33,11 +33,11 @@ from promptdistill.core.config import load_settings
 from promptdistill.core.env import apply_defaults
 from promptdistill.distill.loop import DistillConfig
 from promptdistill.flows.dask_runner import dask_task_runner
-from promptdistill.flows.tasks import ensure_ttft_model, report_night, run_id_for, run_spec
+from promptdistill.flows.tasks import ensure_ttft_model, report_night, run_spec
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
-from promptdistill.pipeline.jobs import SpecsFailedError, select_spec_files
+from promptdistill.pipeline.jobs import SpecsFailedError, run_id_for, select_spec_files
 from promptdistill.pipeline.report import endpoint_load_rows, format_summary_table
 from promptdistill.pipeline.session import engine_session
 

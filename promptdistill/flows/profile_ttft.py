@@ -14,8 +14,9 @@ from prefect.runtime import flow_run
 
 from promptdistill.core.config import load_settings
 from promptdistill.core.env import apply_defaults
-from promptdistill.flows.tasks import fit_and_publish_ttft, measure_ttft, run_id_for, state_dir
+from promptdistill.flows.tasks import fit_and_publish_ttft, measure_ttft, state_dir
 from promptdistill.pipeline.budgets import TTFTBudget
+from promptdistill.pipeline.jobs import run_id_for
 from promptdistill.pipeline.session import engine_session
 
 

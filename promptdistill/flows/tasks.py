@@ -20,7 +20,6 @@ for free. Publishing is idempotent on the same key: a rerun never adds a duplica
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -333,9 +332,3 @@ def _error(state: Any) -> str:
     if isinstance(exc, BaseException):
         return f"{type(exc).__name__}: {exc}"
     return state.message or state.name
-
-
-def run_id_for(flow_run_id: str | None) -> str:
-    """A registry run id: UTC time first (run logs sort by time), then the flow run's id."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{(flow_run_id or 'local')[:8]}"

@@ -1,4 +1,5 @@
-"""Which specs a run covers and what identifies one spec's work (the cache key of a task).
+"""Which specs a run covers, what identifies one spec's work (the cache key of a task) and
+what names a run (its registry run id).
 
 The rule of what enters a stage's cache key lives here, in :func:`distill_key` and
 :func:`optimize_key`; the flows only call them.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -19,8 +21,8 @@ from promptdistill.judges.definitions import judge_dirs
 from promptdistill.specs.datasets import dataset_hash
 from promptdistill.specs.load import load_spec
 
-__all__ = ["SpecJob", "SpecsFailedError", "distill_key", "judges_hash", "optimize_key", "prepare_job", "select_spec_files",
-           "settings_key", "work_key"]
+__all__ = ["SpecJob", "SpecsFailedError", "distill_key", "judges_hash", "optimize_key", "prepare_job", "run_id_for",
+           "select_spec_files", "settings_key", "work_key"]
 
 
 class SpecsFailedError(PromptDistillError):
@@ -153,3 +155,16 @@ def optimize_key(job: SpecJob, *, engine_key: str, seed: int, budget: Any, selec
     and the content of the judge definitions (:func:`judges_hash`)."""
     return work_key("optimize", job, engine_key=engine_key, seed=seed, budget=budget, selection=selection,
                     distill=distill, ttft_model=ttft_model, **_project_settings(settings))
+
+
+def run_id_for(flow_run_id: str | None, now: datetime | None = None) -> str:
+    """A registry run id: UTC time first (run logs sort by time:
+    :func:`~promptdistill.pipeline.night_report.latest_run_id` relies on it), then the
+    first 8 characters of the flow run's id (``local`` without one).
+
+    Example:
+        >>> run_id_for("0f1e2d3c-aaaa-bbbb", datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
+        '20250102T030405Z-0f1e2d3c'
+    """
+    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{(flow_run_id or 'local')[:8]}"
