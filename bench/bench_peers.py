@@ -22,12 +22,16 @@ records (ours: screening and the race; the peers: the valset) and ``--test`` tes
 drawn as the optimizer draws them. Ours runs on a copy of the spec whose dataset holds
 exactly these records, so no side sees more data than another.
 
-Every side's result is exported through the one render function as a template
-(``specs.prompt.template_content``: a peer's instruction is the whole system text, its
-demos fixed examples in the spec's example format) and scored as a template on the test
-records by ``promptdistill.evaluate`` (constrained decoding, as the content says): what a
-service gets. A peer's DSPy program score (JSONAdapter, its own prompt) is reported beside
-it; the two can differ.
+Ours is scored as a template on the test records by ``promptdistill.evaluate``
+(constrained decoding, as the content says): what a service gets. A peer's program is
+exported by ``bench.peer_export``: the messages JSONAdapter sends (its system message,
+the demos as user/assistant turns, the user message with the inputs as placeholders),
+its structured-output schema and the task LM's ``max_tokens``; the template's replies are
+parsed as JSONAdapter parses them and scored by the program's metric. The template sends
+the program's requests exactly (tests/test_peer_export.py), so its score should equal the
+program's own (reported beside it); a difference left is the engine's (batches made
+differently), to be measured. Its demo turns make it more than our registry's system +
+user template: it is scored and timed here, not published.
 
 Per side: test quality with a 95% bootstrap interval (and ours minus the peer, paired, with
 its interval); LM calls and prompt/completion tokens processed (the peers: counted by the
@@ -35,7 +39,8 @@ DSPy bridge, below DSPy's cache; ours: from the stage results, and below our LM 
 meter that also splits them by phase); wall minutes; the resulting prompt's total tokens
 (the rendered chat prompt, served tokenizer, mean over the test records) and instruction
 tokens (``Spec.instruction_text()``); measured TTFT cold and warm
-(``optimize.verify.measure_ttft``, every template one after the other, after all runs).
+(``optimize.verify.measure_ttft``; a peer's by ``bench.peer_export.measure_ttft``, which
+renders its demo turns; every template one after the other, after all runs).
 Scoring the peers' programs and templates on test is not part of their cost; ours'
 held-out verification is part of ours (the nightly does it).
 
@@ -277,6 +282,31 @@ def template_scores(engine: Engine, spec: Any, content: Mapping[str, Any], recor
     return {"test_mean": ci.mean, "test_ci_low": ci.low, "test_ci_high": ci.high, "test_n": ci.n,
             "test_valid_json_rate": report.valid_json_rate,
             "prompt_tokens": round(statistics.fmean(tokens), 1) if tokens else None, "scores": report.scores}
+
+
+def peer_template_scores(engine: Engine, spec: Any, content: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+                         seed: int) -> dict[str, Any]:
+    """A peer's exported program (``bench.peer_export``) scored on ``records``: its requests,
+    its replies parsed as its adapter parses them, and the program's metric (``spec_score``:
+    a reply the adapter refuses scores 0, as the program's failure score)."""
+    from bench.peer_export import ParseError, parse_reply, render, requests
+    from promptdistill.core.stats import bootstrap_ci
+    from promptdistill.evaluate.evaluator import BATCH_TIMEOUT_S
+
+    results = engine.generate(requests(content, records, seed=seed, timeout_s=BATCH_TIMEOUT_S))
+    scores, parsed = [], []
+    for r, res in zip(records, results):
+        try:
+            fields: Mapping[str, Any] = parse_reply(content, res.text)
+        except ParseError:
+            fields = {}
+        parsed.append(bool(fields))
+        scores.append(spec_score(spec, to_example(spec, r), fields)[0])
+    ci = bootstrap_ci(scores, seed=seed)
+    tokens = [engine.count_tokens(render(content, r["inputs"])) for r in records]
+    return {"test_mean": ci.mean, "test_ci_low": ci.low, "test_ci_high": ci.high, "test_n": ci.n,
+            "test_valid_json_rate": statistics.fmean(parsed) if parsed else None,
+            "prompt_tokens": round(statistics.fmean(tokens), 1) if tokens else None, "scores": scores}
 
 
 def ttft_figures(engine: Engine, model: Any, spec: Any, content: Mapping[str, Any],
@@ -550,9 +580,9 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     """Compile one peer, score its program on test, export it as a template (content included)."""
     import dspy
 
+    from bench.peer_export import export_program
     from promptdistill.core.stats import bootstrap_ci
     from promptdistill.engine.dspy_bridge import make_dspy_lm
-    from promptdistill.specs.prompt import template_content
 
     counter = CallCounter(engine)
     temperature = 1.0 if kind.startswith("gepa") else 0.0  # GEPA's docs: a sampling reflection LM
@@ -560,7 +590,8 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
                              max_tokens=args.proposer_max_tokens, max_batch=32)
     bridge = prompt_lm.bridge
     task_lm = prompt_lm.copy(max_tokens=2 * (spec.max_tokens or 128) + 16, temperature=0.0)  # JSONAdapter's spacing
-    dspy.configure(lm=task_lm, adapter=dspy.JSONAdapter())
+    adapter = dspy.JSONAdapter()
+    dspy.configure(lm=task_lm, adapter=adapter)
     trainset = [to_example(spec, r) for r in split["train"]]
     valset = [to_example(spec, r) for r in split["dev"]]
     out: dict[str, Any] = {"kind": kind}
@@ -609,11 +640,14 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     sent = [engine.count_tokens(JSONAdapter().format(predictor.signature, predictor.demos, dict(r["inputs"])))
             for r in split["test"]]
     pspec = peer_spec(spec, instruction, demos)
+    # The program's own requests as a template (bench.peer_export): same messages, schema and max_tokens.
+    content = export_program(spec.name, predictor.signature, predictor.demos, adapter,
+                             max_tokens=task_lm.kwargs["max_tokens"], sampling={"temperature": 0.0})
     out.update(program_test_mean=ci.mean, program_test_ci_low=ci.low, program_test_ci_high=ci.high,
                program_test_n=ci.n, test_eval_calls=counter.calls - before, instruction=instruction,
-               examples=len(demos), dspy_prompt_tokens=round(statistics.fmean(sent), 1) if sent else None,
-               instruction_tokens=len(engine.tokenize(pspec.instruction_text())),
-               content=template_content(pspec, demos, max_tokens=spec.max_tokens))
+               examples=len(content["turns"]) // 2,
+               dspy_prompt_tokens=round(statistics.fmean(sent), 1) if sent else None,
+               instruction_tokens=len(engine.tokenize(pspec.instruction_text())), content=content)
     return out
 
 
@@ -638,6 +672,7 @@ def gepa_details(program: Any, ttft: TTFTObjective | None) -> dict[str, Any]:
 
 
 def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from bench.peer_export import measure_ttft as peer_ttft
     from promptdistill.core.stats import bootstrap_ci, paired_diffs
     from promptdistill.engine.cache import CachedEngine
     from promptdistill.optimize import prefix_block_tokens
@@ -675,7 +710,9 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
     ours_lm = CachedEngine(engine, Path(ours["folder"]) / "lm_cache.sqlite")
     try:
         for side, s in sides.items():
-            if "content" in s:
+            if "content" in s and "turns" in s["content"]:  # a peer's program, exported by bench.peer_export
+                s.update(peer_template_scores(engine, sub, s["content"], test, args.seed))
+            elif "content" in s:
                 s.update(template_scores(ours_lm if side == "ours" else engine, sub, s["content"], test, args.seed))
     finally:
         ours_lm.close()
@@ -686,7 +723,9 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
     engine.generate([GenerationRequest(messages=render_messages(first["system"], first["user"], test[0]["inputs"]),
                                        max_tokens=1)])  # discarded: the first timing after a pause runs slow
     for side, s in sides.items():
-        if "content" in s:
+        if "content" in s and "turns" in s["content"]:
+            s.update(peer_ttft(engine, s["content"], test, n=args.timing_records, seed=args.seed))
+        elif "content" in s:
             s.update(ttft_figures(engine, model, sub, s["content"], test, n=args.timing_records, block_tokens=block,
                                   label=side, seed=args.seed))
 
@@ -812,8 +851,10 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
     peers = config["peers"]
     intro = (f"Budget preset `{config['budget']}` for ours (distiller, then optimizer, through the pipeline stages); "
              f"DSPy {config['dspy_version']}, JSONAdapter; seed {config['seed']}. Test quality is every side's exported "
-             "template scored by `promptdistill.evaluate` (what a service gets); the DSPy program's own score is beside "
-             "it. Tokens processed: prompt + completion of every LM request of the search (peers: compile, counted "
+             "template scored on the test records: ours by `promptdistill.evaluate` (what a service gets), a peer's "
+             "program exported by `bench.peer_export` (JSONAdapter's own messages, demo turns, schema, max_tokens and "
+             "parsing); the DSPy program's own score is beside it. Tokens processed: prompt + completion of every LM "
+             "request of the search (peers: compile, counted "
              "by the DSPy bridge; ours: the stage results, held-out verification included). Prompt tokens: the "
              "rendered chat prompt (served tokenizer), mean over the test records; instruction tokens: "
              "`Spec.instruction_text()` (instruction and rules; a peer's instruction is its whole system text). "

@@ -13,9 +13,9 @@ import pytest
 
 from bench import peer_export as pe
 from bench.bench_peers import make_signature, to_example
-from promptdistill.specs.datasets import dataset_for, records
 from bundled_specs import load_spec
 from fakes import FakeEngine
+from promptdistill.specs.datasets import dataset_for, records
 
 dspy = pytest.importorskip("dspy")
 
@@ -184,3 +184,45 @@ def test_reply_text_is_what_the_programs_metric_scores():
     fields = dspy.JSONAdapter().parse(program.signature, text)
     assert pe.reply_text(content, text) == reply_of(spec, dspy.Prediction(**fields))
     assert pe.reply_text(content, "no JSON here") == ""
+
+
+def test_bench_peers_scores_and_times_the_exported_program_by_its_own_requests_and_metric():
+    """``bench_peers.peer_template_scores`` sends ``requests(content)``, parses as the
+    adapter does and scores with the program's metric (a refused reply scores 0, as the
+    program's failure score); ``measure_ttft`` sends the demo turns too."""
+    from bench.bench_peers import make_metric, peer_template_scores
+
+    spec, program = optimized_program("ticket_triage")
+    content = pe.export_program(spec.name, program.signature, program.demos, dspy.JSONAdapter(), max_tokens=48)
+    test = records(dataset_for(spec), "test")[:6]
+    answers = ['{"label": "%s"}' % r["expected"]["label"] for r in test[:3]]
+    # The adapter reads Literal['x'] as x and refuses "Billing" (our metric alone would score them 0 and 1).
+    answers += ['{"label": "Literal[\'%s\']"}' % test[3]["expected"]["label"],
+                '{"label": "%s"}' % test[4]["expected"]["label"].capitalize(), "not json"]
+    by_prompt = {m: a for m, a in zip((req.messages for req in pe.requests(content, test)), answers)}
+    sent = []
+
+    def reply(req):
+        sent.append(req)
+        return by_prompt.get(req.messages, "")
+
+    figures = peer_template_scores(FakeEngine(reply), spec, content, test, seed=0)
+    assert sent == pe.requests(content, test, seed=0, timeout_s=sent[0].timeout_s)
+    metric = make_metric(spec)
+    program_scores = []
+    for r, text in zip(test, answers):
+        try:
+            pred = dspy.Prediction(**dspy.JSONAdapter().parse(program.signature, text))
+        except dspy.utils.exceptions.AdapterParseError:
+            program_scores.append(0.0)  # dspy.Evaluate's failure_score in bench_peers
+            continue
+        program_scores.append(metric(to_example(spec, r), pred))
+    assert figures["scores"] == program_scores == [1.0] * 4 + [0.0] * 2
+    assert figures["test_valid_json_rate"] == pytest.approx(4 / 6)
+
+    sent.clear()
+    timing = pe.measure_ttft(FakeEngine(reply), content, test, n=2)
+    assert timing["timing_n"] == 2 and timing["ttft_cold_ms"] is not None
+    assert [req.messages for req in sent] == [pe.requests(content, [r])[0].messages for r in
+                                              (test[0], test[1], test[0], test[1], test[2], test[1])]
+    assert all(req.max_tokens == 1 for req in sent)
