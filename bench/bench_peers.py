@@ -293,7 +293,9 @@ def peer_template_scores(engine: Engine, spec: Any, content: Mapping[str, Any], 
     from promptdistill.core.stats import bootstrap_ci
     from promptdistill.evaluate.evaluator import BATCH_TIMEOUT_S
 
-    results = engine.generate(requests(content, records, seed=seed, timeout_s=BATCH_TIMEOUT_S))
+    # Through CallCounter as the program's evaluation was: a prompt over the context window
+    # gets an empty reply (0, as the program's failed call) instead of failing the batch.
+    results = CallCounter(engine).generate(requests(content, records, seed=seed, timeout_s=BATCH_TIMEOUT_S))
     scores, parsed = [], []
     for r, res in zip(records, results):
         try:
