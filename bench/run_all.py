@@ -23,6 +23,7 @@ from bench.common import PROGRESS_MARK, REPORT_DIR
 
 BENCHMARKS = [
     ["bench.bench_client", "--iterations", "20000"],
+    ["bench.bench_dtype", "--records", "48", "--rounds", "2"],
     ["bench.bench_batching", "--requests", "64", "--max-tokens", "24", "--server"],
     ["bench.bench_prefix_cache", "--records", "5"],
     ["bench.bench_ttft_model", "--budget-s", "420"],

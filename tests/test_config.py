@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from promptdistill.cli import main
-from promptdistill.core.config import MAX_CONFIG_BYTES, EngineConfig, load_settings
+from promptdistill.core.config import MAX_CONFIG_BYTES, EngineConfig, default_dtype, load_settings
 from promptdistill.core.errors import ConfigError
 
 
@@ -145,3 +145,19 @@ def test_a_bad_judge_key_names_the_judge_section(tmp_path):
         load_settings(config, env={})
     with pytest.raises(ConfigError, match=r"\$PROMPTDISTILL_JUDGE_TIMEOUT_S: judge.timeout_s"):
         load_settings(env={"PROMPTDISTILL_JUDGE_TIMEOUT_S": "soon"})
+
+
+def test_the_default_dtype_is_bfloat16_only_where_the_cpu_computes_it(tmp_path):
+    native = tmp_path / "native"
+    native.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n")
+    amx = tmp_path / "amx"
+    amx.write_text("flags\t\t: fpu avx2 avx512f amx_bf16\n")
+    emulated = tmp_path / "emulated"
+    emulated.write_text("flags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    assert default_dtype(native) == "bfloat16"
+    assert default_dtype(amx) == "bfloat16"
+    assert default_dtype(emulated) == "float32"
+    assert default_dtype(tmp_path / "missing") == "float32"
+    # An explicit dtype always wins over the machine's default.
+    assert EngineConfig(dtype="float32").dtype == "float32"
+    assert EngineConfig().dtype == default_dtype()

@@ -92,7 +92,7 @@ def budget_preset(name: str) -> dict[str, Any]:
                 "selection": SelectionRule()}
     if name == "quick":
         return {
-            "ttft_budget": TTFTBudget(points=24, repeats=2, spec_records=2, minutes=6.0),
+            "ttft_budget": TTFTBudget(points=24, repeats=2, spec_records=2, minutes=4.5),
             "distill": DistillConfig(screen_size=16, dev_size=1000, test_size=0, max_rounds=1, max_lm_calls=300,
                                      max_minutes=10.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
                                      finalists=1, race=False),
