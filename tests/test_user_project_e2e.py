@@ -12,6 +12,7 @@ with that request's schema through the client.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -86,6 +87,11 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
     env.pop("PROMPTDISTILL_STATE_DIR", None)
     subprocess.run([str(cli), "init", str(project)], check=True, env=env, timeout=120, capture_output=True)
     make_project(project, labelled=False, metric_source=METRIC_WITH_REFERENCES)
+    # What the run must say it measured, computed here from the files the team wrote.
+    records = [json.loads(line) for line in (project / "datasets" / "tool_call.jsonl").read_text().splitlines()]
+    dataset_sha256 = hashlib.sha256((project / "datasets" / "tool_call.jsonl").read_bytes()).hexdigest()
+    labelled_ids = {r["id"] for r in records if r.get("expected")}
+    assert 0 < len(labelled_ids) < len(records)  # both kinds of record, so both kinds of score
     config = (project / "promptdistill.toml").read_text()
     config = config.replace("# [judge]\n# backend = \"server\"\n# server_urls = [\"http://127.0.0.1:8001/v1\"]\n"
                             "# served_model_name = \"my-judge\"",
@@ -118,7 +124,7 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
             f"fn = {json.dumps(FUNCTION)!r}\n"
             "body = t.request_body({'request': 'wake me at 06:45', 'function': fn}, model='m')\n"
             "print(json.dumps({'schema': body['response_format']['json_schema']['schema'],\n"
-            "                  'provenance': t.provenance}))\n")
+            "                  'last': body['messages'][-1], 'provenance': t.provenance}))\n")
     out = subprocess.run([str(installed / "bin" / "python"), "-c", code], cwd=project, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"{out.stderr[-3000:]}\n--- the nightly printed:\n{run.stdout[-3000:]}"
@@ -128,7 +134,11 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
     assert provenance["judge_engine"]["backend"] == "vllm-server"
     assert provenance["engine"]["backend"] == "vllm-local"
     assert provenance["dataset"]["file"] == "tool_call.jsonl"
+    assert provenance["dataset"]["sha256"] == dataset_sha256  # the team's records, as written before the run
+    # The published prompt renders this request (the spec's {request} placeholder) in the last user turn.
+    assert published["last"]["role"] == "user" and "wake me at 06:45" in published["last"]["content"]
     assert (project / ".promptdistill").is_dir() and (project / "artifacts" / "registry").is_dir()
     # The project's own metric scored the replies, against the baseline's reply on label-free records.
     scored = (project / "metrics" / "scored.log").read_text().split()
+    assert scored and set(scored) <= {"reference", "label"}, scored[:50]
     assert "reference" in scored, scored[:50]
