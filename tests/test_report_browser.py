@@ -4,7 +4,8 @@
 tests/test_console.py); its report is loaded in Chromium over the DevTools protocol (a
 small client on ``websockets``): no console error, no exception, no request but the file
 itself and its data URIs, every spec's section with its diff and both plots decoded.
-``promptdistill report RUN_ID`` must rebuild the same page from the stored files.
+``promptdistill report`` must rebuild the page from the stored files (a figure changed
+since the night shows in the rebuilt page).
 
 Chromium is Debian's ``chromium`` package (``make browser``, part of ``make test``). A
 missing browser fails this test: it never skips. Set ``NIGHT_REPORT_SCREENSHOT=PATH`` to
@@ -154,15 +155,46 @@ def test_the_report_opens_in_chromium_without_errors(report, tmp_path):
         Path(target).write_bytes(png)
 
 
+def _png(rgb: tuple[int, int, int]) -> bytes:
+    """A valid 1x1 PNG of one colour (no imaging library needed)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00" + bytes(rgb))) + chunk(b"IEND", b""))
+
+
 def test_promptdistill_report_rebuilds_the_page_from_stored_files(report, nightly_run):
+    """The rebuild reads the stored files again: a figure changed in the stage folder after
+    the night shows in the rebuilt page, in place of the old one, and nothing else changes."""
     root = Path(nightly_run["root"])
     before = report.read_bytes()
-    report.unlink()  # a rebuild that writes nothing must not pass on the nightly's own copy
-    env = {**os.environ, "PROMPTDISTILL_STATE_DIR": str(root / "state"), "PROMPTDISTILL_REGISTRY": str(root / "registry")}
-    out = subprocess.run([sys.executable, "-m", "promptdistill", "report"], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert Path(out.stdout.strip()) == report
-    assert report.is_file(), "promptdistill report did not write the page"
-    assert report.read_bytes() == before
+    # The spec's Pareto figure as the page embeds it, and the stage-folder file(s) it came from.
+    figures = {p: p.read_bytes() for p in (root / "state").rglob("pareto.png")}
+    figures = {p: data for p, data in figures.items() if base64.b64encode(data) in before}
+    assert figures, "the page embeds none of the state folder's pareto.png files"
+    (old_png,) = set(figures.values())
+    new_png = _png((200, 30, 60))
+    assert new_png != old_png and base64.b64encode(new_png) not in before
+    try:
+        for path in figures:
+            path.write_bytes(new_png)
+        report.unlink()  # a rebuild that writes nothing must not pass on the nightly's own copy
+        env = {**os.environ, "PROMPTDISTILL_STATE_DIR": str(root / "state"),
+               "PROMPTDISTILL_REGISTRY": str(root / "registry")}
+        out = subprocess.run([sys.executable, "-m", "promptdistill", "report"], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert Path(out.stdout.strip()) == report
+        assert report.is_file(), "promptdistill report did not write the page"
+        rebuilt = report.read_bytes()
+    finally:  # the session's nightly stays as it ran, for any test after this one
+        for path, data in figures.items():
+            path.write_bytes(data)
+        report.write_bytes(before)
+    assert base64.b64encode(old_png) not in rebuilt, "the rebuilt page still shows the old figure"
+    assert rebuilt == before.replace(base64.b64encode(old_png), base64.b64encode(new_png))
     print(f"night report: {len(before) / 1024:.0f} KiB")
