@@ -290,6 +290,17 @@ def test_datasets_import_maps_columns_splits_by_hashed_id_and_reports_what_it_le
     df = load_dataset(out, declared_inputs=("request", "function"))
     assert df["expected"].isna().all()  # label-free
     assert all(split == split_of(rid) for rid, split in zip(df["id"], df["split"]))
+    # The records written: the first row of each distinct non-empty text, in order, its id
+    # from --id-column and its inputs from the mapped columns.
+    first: dict[str, dict] = {}
+    for r in rows:
+        if r["text"].strip():
+            first.setdefault(r["text"], r)
+    assert list(zip(df["id"], df["inputs"])) == [(r["request_id"], {"request": r["text"], "function": r["fn"]})
+                                                 for r in first.values()]
+    splits = [split_of(r["request_id"]) for r in first.values()]
+    assert (f"(train {splits.count('train')}, dev {splits.count('dev')}, test {splits.count('test')})"
+            in printed), printed
 
 
 def test_datasets_import_names_a_missing_column(tmp_path, capsys):
