@@ -30,6 +30,7 @@ from fakes import FakeClock, FakeEngine, FakeEvaluator, FakeMeter, fake_report, 
 from promptdistill.engine.meter import CallMeter
 from promptdistill.search.budget import Budget
 from promptdistill.search import group_sequential as gs
+from promptdistill.search import racing
 from promptdistill.search.racing import (
     Candidate,
     Decision,
@@ -542,7 +543,8 @@ def test_screen_keeps_plausible_candidates_that_can_beat_the_baseline_cheapest_f
     # One evaluation, baseline first, then by cost.
     assert ev.calls == [(["baseline", "cheap_bad", "cheap_ok", "mid_ok", "edge", "tie_fewer", "slow"],
                          [str(i) for i in range(8)])]
-    assert by_id["cheap_bad"].notes == ["screening: mean difference -0.500 on 8 records is below -0.25"]
+    assert by_id["cheap_bad"].notes == ["screening: mean difference -0.500 on 8 records, 80% upper bound -0.500, "
+                                        "is below -0.25"]
     assert by_id["slow"].notes == ["screening: cannot beat the baseline (cost 150.0 vs 100.0, resolution 0.0)"]
     assert by_id["tie_fewer"].notes == ["screening: not among the 3 finalists"]  # same cost: a tie, could win
     assert all(not c.notes for c in finalists)
@@ -571,6 +573,29 @@ def test_screen_does_not_race_a_tie_that_screens_below_the_baseline():
     assert worse.notes == ["screening: not faster than the baseline beyond the resolution (cost 98.0 vs 100.0, "
                            "resolution 5.0) and below its quality on the screen records (-0.125 on 8); a tie "
                            "wins only at the baseline's quality or better"]
+
+
+def test_screen_drops_only_candidates_the_screen_shows_worse_than_the_margin():
+    """16 binary screen records and a 0.05 margin: one discordant pair moves the mean by
+    0.0625, so the point estimate alone would drop a candidate as good as the baseline by
+    chance. Screened out is only what the 80% upper bound puts below -margin."""
+    base = cand("baseline", 100.0, static=300)
+    base_scores = [1.0] * 8 + [0.0] * 8
+    one_loss = [0.0] + [1.0] * 7 + [0.0] * 8            # -1/16: within noise, raced
+    many_losses = [0.0] * 4 + [1.0] * 4 + [0.0] * 8     # -4/16, bound -0.13: screened out
+    mixed = [0.0] * 3 + [1.0] * 5 + [1.0] * 2 + [0.0] * 6  # -1/16 from 3 losses, 2 wins: raced
+    cands = [cand("one_loss", 60.0), cand("many_losses", 50.0), cand("mixed", 70.0)]
+    ev = FakeEvaluator({"baseline": base_scores, "one_loss": one_loss, "many_losses": many_losses, "mixed": mixed})
+    finalists = screen(base, cands, numbered_records(16), ev, budget=Budget(FakeMeter(), **GENEROUS),
+                       settings=RaceSettings(margin=0.05, finalists=3), resolution=EXACT)
+    assert [c.id for c in finalists] == ["one_loss", "mixed"]
+    upper = racing.screen_upper(cands[1], base)
+    # mean -0.25, sd of the diffs sqrt(4/15 - ...) -> bound = -0.25 + 0.8416 * sd / 4
+    diffs = np.array(many_losses) - np.array(base_scores)
+    assert upper == pytest.approx(diffs.mean() + 0.8416 * diffs.std(ddof=1) / 4)
+    assert upper < -0.05
+    assert cands[1].notes == [f"screening: mean difference -0.250 on 16 records, 80% upper bound {upper:+.3f}, is below -0.05"]
+    assert racing.screen_upper(cands[0], base) > -0.05
 
 
 def test_screen_under_a_budget_screens_the_cheapest_and_notes_the_rest():

@@ -4,8 +4,11 @@ The distiller (instruction variants) and the optimizer (variants x few-shot sett
 search this way; only their candidates, their evaluation and their cost differ.
 
 1. **Screen** (:func:`screen`): the baseline and every candidate on the screen records
-   (``splits.screen``). A candidate is *plausible* when its mean difference from the
-   baseline there is within the margin, and, when it is not faster than the baseline
+   (``splits.screen``). A candidate is *plausible* when the screen records do not show it
+   worse than the margin (the 80% upper bound of its mean difference from the baseline
+   is at least ``-margin``: on 16 records one discordant pair moves the mean by 0.06,
+   more than a 0.05 margin, so the point estimate alone drops sound candidates by
+   chance), and, when it is not faster than the baseline
    beyond the resolution (so only the *tie* clause below could pick it), at least zero:
    records are spent only on decisions still open. The finalists are the plausible candidates that
    could beat the baseline, cheapest first, then the rest by difference; at most
@@ -96,6 +99,9 @@ STOPPED = "stopped"
 
 FASTER, TIE, KEPT = "faster", "tie, no worse", "kept"
 """The clauses of the selection rule (see the module docstring)."""
+SCREEN_Z = 0.8416
+"""The screen's one-sided 80% bound: a candidate is screened out as worse than the margin
+only when the upper bound of its paired difference is below ``-margin``."""
 TIE_MAX_SLOWDOWN = 0.05
 """Within the resolution, a candidate whose cost is more than 5% above the baseline's
 never replaces it: a tie may not hide a slowdown a service would notice."""
@@ -249,6 +255,18 @@ def _screen_diff(cand: Candidate, base: Candidate) -> float:
     return -2.0 if diff is None else diff
 
 
+def screen_upper(cand: Candidate, base: Candidate) -> float:
+    """The screen's one-sided 80% upper bound on ``cand - base`` (normal approximation over
+    the paired differences; the mean itself when they do not vary): -2 without pairs."""
+    if cand.screen is None or base.screen is None:
+        return -2.0
+    diffs = paired_diffs(cand.screen.scores, base.screen.scores[: cand.screen.n])
+    if not diffs.size:
+        return -2.0
+    spread = float(diffs.std(ddof=1)) / np.sqrt(diffs.size) if diffs.size > 1 else 0.0
+    return float(diffs.mean()) + SCREEN_Z * spread
+
+
 def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> int:
     """0: plausible and able to beat the baseline; 1: could beat it but looks worse; 2: cannot beat it.
 
@@ -258,8 +276,7 @@ def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Re
     decision worth its records."""
     if not can_beat(cand, base, resolution, best_is_baseline=True):
         return 2
-    diff = _screen_diff(cand, base)
-    if diff < -margin - 1e-12 or (not _faster(cand, base, resolution) and diff < 0):
+    if screen_upper(cand, base) < -margin - 1e-12 or (not _faster(cand, base, resolution) and _screen_diff(cand, base) < 0):
         return 1
     return 0
 
@@ -275,11 +292,12 @@ def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Re
                 f"resolution {resolution(cand, base):.1f})")
     diff = paired_mean(cand.screen, base.screen)
     shown = "-" if diff is None else f"{diff:+.3f}"
-    if diff is not None and diff >= -margin - 1e-12:
+    if diff is not None and screen_upper(cand, base) >= -margin - 1e-12:
         return (f"screening: not faster than the baseline beyond the resolution (cost {cand.cost:.1f} vs "
                 f"{base.cost:.1f}, resolution {resolution(cand, base):.1f}) and below its quality on the screen "
                 f"records ({shown} on {cand.screen.n}); a tie wins only at the baseline's quality or better")
-    return f"screening: mean difference {shown} on {cand.screen.n} records is below -{margin:g}"
+    return (f"screening: mean difference {shown} on {cand.screen.n} records, 80% upper bound "
+            f"{screen_upper(cand, base):+.3f}, is below -{margin:g}")
 
 
 def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
