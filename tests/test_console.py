@@ -1,6 +1,6 @@
 """The quiet terminal: capturing third-party output, the progress model, and a real run's noise.
 
-The pure parts (the steps, the estimates, Prefect's task-run records mapped to steps, the
+The pure parts (the steps, the estimates, the progress events moving the steps on, the
 display's lines) run on a fake clock. ``capture_output`` is tested in a child process,
 where C-level writes to fd 2 can be made for real. The last test runs
 ``promptdistill nightly`` on the real engine (smoke budget, one spec, a fresh state) and
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from promptdistill.pipeline import events
 from promptdistill.pipeline.console import (
     ProgressDisplay,
     ProgressHandler,
@@ -29,9 +30,10 @@ from promptdistill.pipeline.console import (
     Terminal,
     format_duration,
     is_ours,
+    listening,
     plan_night,
-    task_state,
 )
+from promptdistill.pipeline.events import ProgressEvent
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,6 +52,10 @@ def night(clock: Clock, distill: float | None = 2.0) -> RunProgress:
     return RunProgress(steps, clock=clock)
 
 
+def event(stage: str, state: str, spec: str = "") -> ProgressEvent:
+    return ProgressEvent(stage, state, spec)
+
+
 # --- the steps and their estimates ---------------------------------------------------------
 
 
@@ -61,22 +67,35 @@ def test_the_plan_follows_the_flow_and_the_budget():
     assert [s.key for s in no_distill] == ["start-up", "ttft", "optimize:a", "report"]
 
 
-@pytest.mark.parametrize("message, state", [
-    ("Finished in state Completed()", "done"), ("Finished in state Cached(type=COMPLETED)", "cached"),
-    ("Finished in state Failed('Task run encountered an exception')", "failed"),
-    ("Finished in state TimedOut('...')", "failed"), ("taking a slot of concurrency limit", None),
-])
-def test_prefect_finish_messages_become_states(message, state):
-    assert task_state(message) == state
+def test_events_name_their_step_and_refuse_unknown_states():
+    assert event("optimize", "running", "ticket_triage").key == "optimize:ticket_triage"
+    assert event("ttft", "done").key == "ttft"
+    with pytest.raises(ValueError, match="unknown state 'finished'"):
+        events.emit("report", "finished")
 
 
-def test_task_runs_map_to_steps():
-    p = night(Clock())
-    assert [p.task_key(n) for n in ("measure-ttft-abc", "fit-ttft-model-x1", "prepare-a", "distill-a", "optimize-b",
-                                    "publish-b", "record-b", "report-night-zz", "something-else")] == \
-        ["ttft", "ttft", "distill:a", "distill:a", "optimize:b", "optimize:b", "optimize:b", "report", None]
-    # Without a distiller, preparing a spec is part of its optimize step.
-    assert night(Clock(), distill=None).task_key("prepare-a") == "optimize:a"
+def test_events_reach_the_listening_handler_only_whatever_the_root_level():
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: list[ProgressEvent] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.events.append(record.progress)
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)  # as Prefect's logging set-up leaves it
+    bystander = Keep()
+    root.addHandler(bystander)  # e.g. Prefect's console handler: events are not its business
+    try:
+        with listening(Keep()) as listener:
+            sent = events.emit("distill", "running", spec="a")
+        events.emit("distill", "done", spec="a")  # nobody listens any more
+    finally:
+        root.removeHandler(bystander)
+        root.setLevel(level)
+    assert listener.events == [sent] and bystander.events == []
 
 
 def test_a_fresh_ttft_model_is_skipped_and_steps_end_in_order():
@@ -84,17 +103,19 @@ def test_a_fresh_ttft_model_is_skipped_and_steps_end_in_order():
     p = night(clock)
     assert p.begin("start-up") == ["start-up"]
     clock.now += 50
-    # The first record of spec a: start-up is over, the TTFT step never ran.
-    assert p.on_task("prepare-a", "Finished in state Completed()") == ["start-up", "ttft", "distill:a"]
+    # Spec a's first step starts: start-up is over, the TTFT step never ran.
+    assert p.on_event(event("distill", "running", "a")) == ["start-up", "ttft", "distill:a"]
     assert [p.step(k).state for k in ("start-up", "ttft", "distill:a")] == ["done", "skipped", "running"]
     clock.now += 100
-    assert p.on_task("distill-a", "Finished in state Completed()") == ["distill:a"]
+    assert p.on_event(event("distill", "done", "a")) == ["distill:a"]
     assert p.step("distill:a").state == "done" and p.elapsed(p.step("distill:a")) == 100
-    # optimize-a finishing does not end the step: publish and record belong to it.
-    p.on_task("optimize-a", "taking a slot")
+    assert p.on_event(event("optimize", "running", "a")) == ["optimize:a"]
     clock.now += 90
-    assert p.on_task("optimize-a", "Finished in state Completed()") == []
-    assert p.on_task("record-a", "Finished in state Completed()") == ["optimize:a"]
+    assert p.on_event(event("optimize", "done", "a")) == ["optimize:a"]
+    assert p.elapsed(p.step("optimize:a")) == 90
+    # An ended step's repeated event, or a step the plan does not have, changes nothing.
+    assert p.on_event(event("distill", "done", "a")) == []
+    assert p.on_event(event("optimize", "running", "not-planned")) == []
 
 
 def test_estimates_come_from_the_budget_then_from_what_has_run():
@@ -119,16 +140,17 @@ def test_estimates_come_from_the_budget_then_from_what_has_run():
 def test_cached_steps_do_not_teach_the_estimate_and_failures_end_a_step():
     clock = Clock()
     p = night(clock)
-    p.on_task("distill-a", "Finished in state Cached(type=COMPLETED)")
+    p.on_event(event("distill", "cached", "a"))  # a step can end before we saw it run
+    p.on_event(event("optimize", "running", "a"))
     clock.now += 5
-    p.on_task("optimize-a", "Finished in state Cached(type=COMPLETED)")
-    p.on_task("record-a", "Finished in state Completed()")
+    p.on_event(event("optimize", "cached", "a"))
     assert p.step("distill:a").state == "cached" and p.step("optimize:a").state == "cached"
     assert p.scale("optimize") == 1.0
-    assert p.on_task("distill-b", "Finished in state Failed('boom')") == ["distill:b"]
+    assert p.on_event(event("distill", "failed", "b")) == ["distill:b"]
     assert p.step("distill:b").state == "failed"
     # The flow moves on to the report: spec b's optimize step never ran.
-    p.on_task("report-night-x", "Finished in state Completed()")
+    p.on_event(event("report", "running"))
+    p.on_event(event("report", "done"))
     assert p.step("optimize:b").state == "skipped" and p.step("report").state == "done"
     assert p.total_left() == 0
 
@@ -152,15 +174,15 @@ def test_without_a_terminal_the_display_prints_one_line_per_change():
     terminal = Terminal(io.StringIO(), err, Path("x.log"))
     display = ProgressDisplay(night(clock), terminal)
     assert display.live is False  # a StringIO is no terminal
-    handler = ProgressHandler(display, terminal)
-    with display:
+    with listening(ProgressHandler(display, terminal)) as handler, display:
         display.begin("start-up")
         clock.now += 42
-        handler.emit(_record("Finished in state Completed()", task_run_name="prepare-a"))
+        events.emit("distill", "running", spec="a")
         handler.emit(_record("loading weights", logging.WARNING))  # a library's warning: not shown
         handler.emit(_record("the night report could not be built", logging.WARNING,
                              pathname=str(REPO / "promptdistill" / "flows" / "nightly.py"), flow_run_name="brave-fox"))
-        handler.emit(_record("Finished in state Failed('boom')", logging.ERROR, task_run_name="distill-a"))
+        handler.emit(_record("EngineTimeoutError: no reply in 600 s", logging.ERROR, task_run_name="distill-a"))
+        events.emit("distill", "failed", spec="a", error="EngineTimeoutError: no reply in 600 s")
     lines = err.getvalue().splitlines()
     assert lines[0].startswith("[ 0:00] start-up: running; about ")
     assert lines[1].startswith("[ 0:42] start-up: done in 0:42")
@@ -168,7 +190,11 @@ def test_without_a_terminal_the_display_prints_one_line_per_change():
     assert "WARNING brave-fox: the night report could not be built" in lines  # our warning
     assert "loading weights" not in err.getvalue()
     assert any(line.startswith("[ 0:42] distill a: failed in 0:00") for line in lines)
-    assert "ERROR distill-a: Finished in state Failed('boom')" in lines  # errors in full
+    assert "ERROR distill-a: EngineTimeoutError: no reply in 600 s" in lines  # errors in full
+    # One line per step change (start-up twice, ttft, distill a twice), and the events print nothing else.
+    assert len([line for line in lines if line.startswith("[")]) == 5, lines
+    assert [line for line in lines if not line.startswith("[")] == [
+        "WARNING brave-fox: the night report could not be built", "ERROR distill-a: EngineTimeoutError: no reply in 600 s"]
 
 
 def test_records_from_our_package_are_ours():

@@ -608,3 +608,127 @@ def test_endpoint_load_rows_are_the_run_s_share_per_endpoint():
     assert rows["b"]["share"] == 0.25 and rows["b"]["requests_per_s"] == 0.5
     # An endpoint that did not answer in a snapshot has no figures, and no share of the total.
     assert rows["c"]["requests"] is None and rows["c"]["share"] is None
+
+
+# ------------------------------------------------- the rules the flows only wire
+PUBLISHED = {"version": 3, "labels": ["candidate", "production"], "promotion": "gate passed"}
+
+
+def test_a_spec_s_row_says_optimized_or_baseline_kept_and_names_its_work_key():
+    outcome = jobs.SpecOutcome("triage")
+    outcome.stage("distill-k1")
+    outcome.stage_done(cached=False)
+    outcome.stage("optimize-k2")
+    outcome.stage_done(cached=False)
+    row = outcome.published({"kept_baseline": False}, {"tokens_before": 90, "tokens_after": 40}, PUBLISHED)
+    assert (row["template"], row["status"], row["version"], row["labels"], row["promotion"], row["run_key"]) == \
+        ("triage", "optimized", 3, "candidate,production", "gate passed", "optimize-k2")
+    assert (row["tokens_before"], row["tokens_after"], row["cached"], row["error"]) == (90, 40, False, None)
+    assert outcome.published({"kept_baseline": True}, {}, PUBLISHED)["status"] == "baseline kept"
+
+
+def test_a_spec_s_row_is_cached_only_when_every_stage_came_from_the_cache():
+    def outcome_of(*hits: bool) -> jobs.SpecOutcome:
+        outcome = jobs.SpecOutcome("triage", run_key="optimize-k")
+        for hit in hits:
+            outcome.stage_done(cached=hit)
+        return outcome
+
+    assert outcome_of(True, True).published({"kept_baseline": False}, {}, PUBLISHED)["cached"] is True
+    assert outcome_of(True, False).published({"kept_baseline": False}, {}, PUBLISHED)["cached"] is False
+    assert outcome_of(False, True).cached is False and outcome_of(True).cached is True
+    assert outcome_of().cached is False  # nothing ran: nothing came from the cache
+
+
+def test_a_spec_s_failure_rows_name_the_error_and_the_stage_s_work_key():
+    outcome = jobs.SpecOutcome("triage")
+    assert outcome.failed("SpecError: bad") == report.failed_row("triage", "SpecError: bad")  # before any stage
+    outcome.stage("distill-k1")
+    outcome.stage_done(cached=True)
+    outcome.stage("optimize-k2")
+    failed = outcome.failed("EngineTimeoutError: slow")
+    # The work is not all in: never cached, even after a cached distill stage.
+    assert (failed["status"], failed["error"], failed["run_key"], failed["cached"]) == \
+        ("failed", "EngineTimeoutError: slow", "optimize-k2", False)
+    assert failed["version"] is None and failed["tokens_after"] is None
+    outcome.stage_done(cached=True)
+    unpublished = outcome.publish_failed("OSError: disk full")
+    assert (unpublished["status"], unpublished["run_key"], unpublished["cached"]) == ("failed", "optimize-k2", True)
+    # Reporting failing after publishing does not fail the spec: its row keeps its status.
+    row = outcome.published({"kept_baseline": False}, {}, PUBLISHED)
+    assert outcome.reporting_failed(row, "ValueError: no plot") == {**row, "error": "reporting failed: ValueError: no plot"}
+
+
+def test_dask_workers_default_to_one_per_endpoint():
+    assert jobs.dask_worker_count(None, []) == 1
+    assert jobs.dask_worker_count(None, ["http://a:8000", "http://b:8000"]) == 2
+    assert jobs.dask_worker_count(3, ["http://a:8000"]) == 3
+
+
+def test_specs_run_side_by_side_only_on_the_server_backend():
+    parallel, why = jobs.parallel_specs(True, "local")
+    assert parallel is False and why is not None and "needs the server backend" in why
+    assert jobs.parallel_specs(True, "server") == (True, None)
+    assert jobs.parallel_specs(False, "local") == (False, None)
+    assert jobs.parallel_specs(False, "server") == (False, None)
+
+
+class _Notes:
+    """A run logger that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def info(self, msg: str, *args: object) -> None:
+        self.lines.append(("info", msg % args))
+
+    def warning(self, msg: str, *args: object) -> None:
+        self.lines.append(("warning", msg % args))
+
+
+def test_a_fresh_ttft_model_is_kept_without_a_refresh(registry, fitted):
+    model, _ = fitted
+    ttft_models.publish_ttft_model(registry, model)
+
+    def refresh(status):
+        raise AssertionError("a fresh model must not be refreshed")
+
+    notes = _Notes()
+    outcome = ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=None, refresh=refresh, logger=notes)
+    assert outcome["refreshed"] is False and not outcome["needs_refresh"] and outcome["model_version"] == model.version
+    assert notes.lines == []
+
+
+def test_a_missing_ttft_model_is_refreshed_then_read_back(registry, fitted):
+    model, _ = fitted
+    seen = []
+
+    def refresh(status):
+        seen.append(status)
+        ttft_models.publish_ttft_model(registry, model)
+        return None
+
+    notes = _Notes()
+    outcome = ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=24, refresh=refresh, logger=notes)
+    assert len(seen) == 1 and seen[0].needs_refresh and seen[0].version is None
+    assert outcome["refreshed"] is True and outcome["version"] == 1 and outcome["model_version"] == model.version
+    assert outcome["reason"] == f"refreshed: {seen[0].reason}"
+    assert notes.lines == [("info", f"refreshing the TTFT model: {seen[0].reason}")]
+
+
+def test_a_failed_ttft_refresh_goes_on_with_the_old_model_or_stops_without_one(registry, fitted):
+    from promptdistill.core.errors import PromptDistillError
+
+    def failing(status):
+        return "EngineTimeoutError: too slow"
+
+    with pytest.raises(PromptDistillError, match="no TTFT model for engine .* refresh failed: EngineTimeoutError"):
+        ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=24, refresh=failing, logger=_Notes())
+    model, _ = fitted
+    ttft_models.publish_ttft_model(registry, model)
+    notes = _Notes()
+    # A negative limit: the model just published is already too old.
+    outcome = ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=-1, refresh=failing, logger=notes)
+    assert outcome["refreshed"] is False and outcome["version"] == 1
+    assert outcome["reason"].endswith("; refresh FAILED (EngineTimeoutError: too slow), using the old model")
+    assert notes.lines[-1] == ("warning", f"TTFT: {outcome['reason']}")

@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     """Run the flow with the progress display on ``terminal``; returns (outcome, final state)."""
     from promptdistill.flows.nightly import nightly
     from promptdistill.pipeline.budgets import expected_minutes, stage_settings
-    from promptdistill.pipeline.console import ProgressDisplay, RunProgress, plan_night
+    from promptdistill.pipeline.console import ProgressDisplay, RunProgress, listening, plan_night
     from promptdistill.pipeline.jobs import select_spec_files
 
     params = stage_settings(args.budget, distill_instructions=not args.no_distill)
@@ -88,16 +88,12 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     # --verbose: library output shares the terminal, so plain lines instead of a live table.
     display = ProgressDisplay(RunProgress(steps), terminal, live=None if terminal.log_path else False)
     # After the imports above: Prefect's logging set-up replaces the root logger's handlers.
-    handler = _night_handler(display, terminal)
-    logging.getLogger().addHandler(handler)
-    try:
-        with display:
-            display.begin("start-up")
-            state = nightly(specs=specs, preset=args.budget, distill_instructions=not args.no_distill,
-                            prompts_dir=args.prompts_dir, seed=args.seed, allow_promotion=not args.no_promote,
-                            ttft_max_age_hours=args.ttft_max_age_hours, return_state=True)
-    finally:
-        logging.getLogger().removeHandler(handler)
+    # The flow's tasks emit each step's events (pipeline.events): they move the display on.
+    with listening(_night_handler(display, terminal)), display:
+        display.begin("start-up")
+        state = nightly(specs=specs, preset=args.budget, distill_instructions=not args.no_distill,
+                        prompts_dir=args.prompts_dir, seed=args.seed, allow_promotion=not args.no_promote,
+                        ttft_max_age_hours=args.ttft_max_age_hours, return_state=True)
     return state.result(raise_on_failure=False), state
 
 

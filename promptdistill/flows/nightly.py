@@ -37,7 +37,14 @@ from promptdistill.flows.tasks import ensure_ttft_model, report_night, run_spec
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
-from promptdistill.pipeline.jobs import SpecsFailedError, run_id_for, select_spec_files
+from promptdistill.pipeline.events import step_events
+from promptdistill.pipeline.jobs import (
+    SpecsFailedError,
+    dask_worker_count,
+    parallel_specs,
+    run_id_for,
+    select_spec_files,
+)
 from promptdistill.pipeline.report import endpoint_load_rows, format_summary_table
 from promptdistill.pipeline.session import engine_session
 
@@ -117,22 +124,23 @@ def nightly(
                       allow_promotion=allow_promotion, run_id=run_id)
         load_before, started = _endpoint_load(engine), time.monotonic()
         if dask:
-            workers = dask_workers or max(1, len(settings.engine.server_urls))
+            # The specs' progress events stay in the Dask worker processes: the CLI's display does not see them.
+            workers = dask_worker_count(dask_workers, settings.engine.server_urls)
             logger.info("running %d specs on Dask (%s, %d workers)", len(paths), dask, workers)
             runner = dask_task_runner(dask, workers)
             rows = run_specs.with_options(task_runner=runner)([str(p) for p in paths], common)
         else:
-            if parallel and settings.engine.backend == "local":
-                logger.warning("parallel=True needs the server backend (the in-process engine is not thread-safe): "
-                               "running specs one at a time")
-                parallel = False
+            parallel, refused = parallel_specs(parallel, settings.engine.backend)
+            if refused:
+                logger.warning(refused)
             if parallel:
                 rows = run_specs([str(p) for p in paths], common)
             else:
                 rows = [run_spec(str(p), **common) for p in paths]
         specs_s = time.monotonic() - started
         endpoints = _record_endpoint_load(engine, load_before, specs_s)
-    report = report_night(rows, ttft, settings.registry, run_id)
+    with step_events("report"):
+        report = report_night(rows, ttft, settings.registry, run_id)
     logger.info("summary:\n%s", format_summary_table(rows))
     result = {"run_id": run_id, "rows": rows, "ttft": ttft, "report": report["report"],
               "failed": [r["template"] for r in rows if r["status"] == "failed"], "endpoints": endpoints,

@@ -16,6 +16,10 @@ serializer under ``<state_dir>/prefect-results``: nothing there is unpickled, an
 rerun after a crash skips finished work. Under that, every LM request goes through the
 LM result cache (``<state_dir>/lm_cache.sqlite``), so even a half-finished stage replays
 for free. Publishing is idempotent on the same key: a rerun never adds a duplicate version.
+
+Progress: each step of a run (the TTFT model, a spec's distill and optimize steps; the
+report is the flow's) emits its events (:mod:`promptdistill.pipeline.events`) when it
+starts and ends, for the CLI's progress display.
 """
 
 from __future__ import annotations
@@ -39,28 +43,26 @@ from promptdistill.core.jsonio import json_records
 from promptdistill.distill.loop import DistillConfig
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
-from promptdistill.pipeline import stages
+from promptdistill.pipeline import events, stages
 from promptdistill.pipeline.budgets import TTFTBudget, task_timeout_s
-from promptdistill.pipeline.jobs import SpecJob, distill_key, optimize_key, prepare_job
+from promptdistill.pipeline.jobs import SpecJob, SpecOutcome, distill_key, optimize_key, prepare_job
 from promptdistill.pipeline.night_report import REPORT_PART, prompt_rows, write_night_report
 from promptdistill.pipeline.publish import promote_and_publish
 from promptdistill.pipeline.report import (
     artifact_key,
-    failed_row,
     nightly_report_markdown,
     spec_report_markdown,
     summary_frame,
-    summary_row,
     ttft_report_markdown,
     ttft_score_rows,
 )
 from promptdistill.pipeline.session import engine_limit, shared_engine
 from promptdistill.pipeline.ttft_models import (
-    after_failed_refresh,
+    TTFTStatus,
     fit_and_publish,
+    keep_ttft_model_fresh,
     load_ttft_model,
     ttft_figure,
-    ttft_status,
 )
 from promptdistill.registry.store import Registry
 from promptdistill.ttft.profile import run_profile
@@ -167,23 +169,25 @@ def fit_and_publish_ttft(measurements: str, registry_root: str, run_id: str, see
 
 def ensure_ttft_model(engine_config: EngineConfig, engine: Any, *, registry_root: str, max_age_hours: float | None,
                       budget: TTFTBudget, prompts_dir: str, seed: int, run_id: str) -> dict[str, Any]:
-    """Refresh the TTFT model when the staleness rule says so; returns the model's status."""
-    registry = Registry(registry_root)
-    status = ttft_status(registry, engine.identity, max_age_hours=max_age_hours)
-    if not status.needs_refresh:
-        return {**status.to_dict(), "refreshed": False}
-    get_run_logger().info("refreshing the TTFT model: %s", status.reason)
-    state = measure_ttft(engine_config, budget, prompts_dir, seed, str(state_dir() / "ttft" / "measurements"),
-                         return_state=True)
-    if state.is_completed():
-        state = fit_and_publish_ttft(state.result(), registry_root, run_id, seed, str(state_dir() / "ttft" / "reports"),
-                                     budget.keep_contended, return_state=True)
-    if state.is_completed():
-        after = ttft_status(registry, engine.identity, max_age_hours=None)
-        return {**after.to_dict(), "refreshed": True, "reason": f"refreshed: {status.reason}"}
-    outcome = after_failed_refresh(status, _error(state))
-    get_run_logger().warning("TTFT: %s", outcome["reason"])
-    return outcome
+    """The run's TTFT model (:func:`~promptdistill.pipeline.ttft_models.keep_ttft_model_fresh`),
+    refreshed by the measure and fit tasks when stale; returns the model's status."""
+
+    def refresh(status: TTFTStatus) -> str | None:
+        events.emit("ttft", events.RUNNING)
+        state = measure_ttft(engine_config, budget, prompts_dir, seed, str(state_dir() / "ttft" / "measurements"),
+                             return_state=True)
+        if state.is_completed():
+            state = fit_and_publish_ttft(state.result(), registry_root, run_id, seed,
+                                         str(state_dir() / "ttft" / "reports"), budget.keep_contended, return_state=True)
+        if state.is_completed():
+            events.emit("ttft", events.DONE)
+            return None
+        error = _error(state)
+        events.emit("ttft", events.FAILED, error=error)
+        return error
+
+    return keep_ttft_model_fresh(Registry(registry_root), engine.identity, max_age_hours=max_age_hours, refresh=refresh,
+                                 logger=get_run_logger())
 
 
 # -------------------------------------------------------------------- one spec
@@ -244,57 +248,92 @@ def record_spec(result: dict[str, Any], row: dict[str, Any], registry_root: str,
                              key=artifact_key(name, "report"), description=f"{name}: baseline vs winner")
 
 
+class SpecSteps:
+    """A spec's steps on the run's progress display: ``distill`` (when there is one) then
+    ``optimize``, which includes publishing and recording; preparing the spec belongs to
+    its first step. Events only: the row's rules are :class:`SpecOutcome`'s.
+
+    In a Dask worker process the events stay in that process: the CLI's display does not see them.
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        """The spec's file stem, as the run's plan names it."""
+        self.stage: str | None = None
+
+    def begin(self, stage: str) -> None:
+        self.stage = stage
+        events.emit(stage, events.RUNNING, spec=self.spec)
+
+    def end(self, state: str, **info: Any) -> None:
+        """The running step ended (nothing when none runs)."""
+        if self.stage is not None:
+            events.emit(self.stage, state, spec=self.spec, **info)
+
+    def failed(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The running step failed with the spec's failure ``row``; returns the row."""
+        self.end(events.FAILED, error=row["error"])
+        return row
+
+
 def run_spec(path: str, **kwargs: Any) -> dict[str, Any]:
     """One spec end to end (prepare, distill, optimize, publish, record) as task runs.
 
     Never raises: a failure fails its own task and comes back as a ``failed`` summary row
     (an error between tasks, too), so the other specs go on.
     """
+    steps = SpecSteps(Path(path).stem)
     try:
-        return _run_spec(path, **kwargs)
+        return _run_spec(path, steps, **kwargs)
     except Exception as e:  # noqa: BLE001 - one spec must not stop the night
         get_run_logger().exception("%s: failed between tasks", Path(path).stem)
-        return failed_row(Path(path).stem, f"{type(e).__name__}: {e}")
+        return steps.failed(SpecOutcome(Path(path).stem).failed(f"{type(e).__name__}: {e}"))
 
 
-def _run_spec(path: str, *, engine_config: EngineConfig, engine_key: str, budget: OptimizeBudget,
+def _run_spec(path: str, steps: SpecSteps, *, engine_config: EngineConfig, engine_key: str, budget: OptimizeBudget,
               selection: SelectionRule, distill: DistillConfig | None, seed: int, ttft_version: str | None,
               registry_root: str, allow_promotion: bool, run_id: str) -> dict[str, Any]:
+    """The chain's tasks; what each did goes to the spec's :class:`SpecOutcome`, which makes
+    its row, and to its :class:`SpecSteps`, which tell the progress display."""
     stem = Path(path).stem
+    steps.begin("distill" if distill is not None else "optimize")
     state = prepare_spec.with_options(task_run_name=f"prepare-{stem}")(path, return_state=True)
     if not state.is_completed():
-        return failed_row(stem, _error(state))
+        return steps.failed(SpecOutcome(stem).failed(_error(state)))
     job = state.result()
-    distilled, hits, settings = None, [], load_settings()
+    outcome, distilled, settings = SpecOutcome(job.name), None, load_settings()
     if distill is not None:
-        dkey = distill_key(job, engine_key=engine_key, seed=seed, distill=distill, settings=settings)
+        outcome.stage(distill_key(job, engine_key=engine_key, seed=seed, distill=distill, settings=settings))
         state = persisted(distill_spec, task_run_name=f"distill-{job.name}",
                           timeout_seconds=task_timeout_s(distill.max_minutes))(
-            engine_config, job, distill, seed, dkey, return_state=True)
+            engine_config, job, distill, seed, outcome.run_key, return_state=True)
         if not state.is_completed():
-            return failed_row(job.name, _error(state), run_key=dkey)
-        distilled, hits = state.result(), hits + [state.name == "Cached"]
+            return steps.failed(outcome.failed(_error(state)))
+        distilled, cached = state.result(), state.name == "Cached"
+        outcome.stage_done(cached=cached)
+        steps.end(events.CACHED if cached else events.DONE)
+        steps.begin("optimize")
     key = optimize_key(job, engine_key=engine_key, seed=seed, budget=budget, selection=selection, distill=distill,
                        ttft_model=ttft_version, settings=settings)
+    outcome.stage(key)
     state = persisted(optimize_spec, task_run_name=f"optimize-{job.name}",
                       timeout_seconds=task_timeout_s(budget.max_minutes))(
         engine_config, job, budget, selection, seed, distilled, registry_root, key, return_state=True)
     if not state.is_completed():
-        return failed_row(job.name, _error(state), run_key=key)
-    result, hits = state.result(), hits + [state.name == "Cached"]
+        return steps.failed(outcome.failed(_error(state)))
+    result, cached = state.result(), state.name == "Cached"
+    outcome.stage_done(cached=cached)
     figures = stages.result_figures(result)
     state = publish_template.with_options(task_run_name=f"publish-{job.name}")(
         result, key, registry_root, allow_promotion, return_state=True)
     if not state.is_completed():
-        return failed_row(job.name, _error(state), run_key=key, cached=all(hits))
-    published = state.result()
-    status = "baseline kept" if result["kept_baseline"] else "optimized"
-    row = summary_row(job.name, figures, status=status, version=published["version"], labels=published["labels"],
-                      promotion=published["promotion"], cached=all(hits), run_key=key)
+        return steps.failed(outcome.publish_failed(_error(state)))
+    row = outcome.published(result, figures, state.result())
     state = record_spec.with_options(task_run_name=f"record-{job.name}")(result, row, registry_root, run_id,
                                                                         return_state=True)
     if not state.is_completed():
-        row = {**row, "error": f"reporting failed: {_error(state)}"}
+        return steps.failed(outcome.reporting_failed(row, _error(state)))
+    steps.end(events.CACHED if cached else events.DONE)
     return row
 
 

@@ -8,10 +8,11 @@ by C++ straight to file descriptor 2). Two parts keep the terminal for our own w
   so C-level writes and child processes are caught too) and hands back streams on the
   real terminal; everything is restored on exit.
 * :class:`RunProgress` (pure: the clock is injected) follows a run's steps (start-up,
-  TTFT model, distill and optimize per spec, report) from Prefect's task-run log records
-  and estimates what is left from the budget's minutes, corrected by what has run;
-  :class:`ProgressDisplay` shows it (a live table on a terminal, one line per change
-  otherwise) and echoes errors, and our own warnings, in full.
+  TTFT model, distill and optimize per spec, report) from the events the flows' tasks
+  emit (:mod:`promptdistill.pipeline.events`), and estimates what is left from the
+  budget's minutes, corrected by what has run; :class:`ProgressDisplay` shows it (a live
+  table on a terminal, one line per change otherwise) and :class:`ProgressHandler`
+  feeds it the events and echoes errors, and our own warnings, in full.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from promptdistill.pipeline.events import CACHED, DONE, FAILED, PROGRESS_LOGGER, RUNNING, ProgressEvent
+
 __all__ = [
     "ProgressDisplay",
     "ProgressHandler",
@@ -42,11 +45,12 @@ __all__ = [
     "capture_output",
     "format_duration",
     "is_ours",
+    "listening",
     "plan_night",
-    "task_state",
 ]
 
-PENDING, RUNNING, DONE, CACHED, FAILED, SKIPPED = "pending", "running", "done", "cached", "failed", "skipped"
+PENDING, SKIPPED = "pending", "skipped"
+"""A step's states before and instead of running (the others are the events': running, done, cached, failed)."""
 _ENDED = (DONE, CACHED, FAILED, SKIPPED)
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
 """Log records whose caller lives here are ours (the flows' and the stages' messages)."""
@@ -190,23 +194,6 @@ def plan_night(specs: Sequence[str], *, ttft_minutes: float, distill_minutes: fl
     return steps + [Step("report", estimate_s=report_s)]
 
 
-_STATE_WORDS = {"Completed": DONE, "Cached": CACHED, "Failed": FAILED, "Crashed": FAILED, "TimedOut": FAILED,
-                "Cancelled": FAILED}
-
-
-def task_state(message: str) -> str | None:
-    """The step state in Prefect's ``Finished in state Completed()`` message (None: not one)."""
-    prefix = "Finished in state "
-    if not message.startswith(prefix):
-        return None
-    word = message[len(prefix):].split("(", 1)[0].strip()
-    return _STATE_WORDS.get(word, FAILED)
-
-
-# The task that ends each step; publish and record belong to the spec's optimize step.
-_LAST_TASK = {"ttft": "fit-ttft-model", "distill": "distill", "optimize": "record", "report": "report-night"}
-
-
 class RunProgress:
     """The run's steps, moved on by events; thread-safe; pure but for the injected clock.
 
@@ -220,7 +207,6 @@ class RunProgress:
         self.started = clock()
         self._lock = threading.Lock()
         self._by_key = {s.key: s for s in self.steps}
-        self._has_distill = any(s.stage == "distill" for s in self.steps)
 
     def step(self, key: str) -> Step | None:
         return self._by_key.get(key)
@@ -256,37 +242,15 @@ class RunProgress:
             step.state, step.ended = (CACHED if step.cached and state != FAILED else state), self.clock()
             return [k for k in changed if k != key] + [key]
 
-    def task_key(self, task_run_name: str) -> str | None:
-        """The step a Prefect task run belongs to (``optimize-ticket_triage`` -> ``optimize:ticket_triage``)."""
-        if task_run_name.startswith(("measure-ttft", "fit-ttft-model")):
-            return "ttft"
-        if task_run_name.startswith("report-night"):
-            return "report"
-        task, _, spec = task_run_name.partition("-")
-        if task in ("prepare", "distill"):
-            return f"{'distill' if self._has_distill else 'optimize'}:{spec}"
-        if task in ("optimize", "publish", "record"):
-            return f"optimize:{spec}"
-        return None
+    def on_event(self, event: ProgressEvent) -> list[str]:
+        """A step's event: it runs, or it ended (``done``, ``cached``, ``failed``).
 
-    def on_task(self, task_run_name: str, message: str) -> list[str]:
-        """A log record of a task run: it runs, or (``Finished in state ...``) it ended.
-
-        Returns the keys of the steps that changed.
+        Returns the keys of the steps that changed; an event of a step not in the plan
+        changes nothing.
         """
-        key = self.task_key(task_run_name)
-        if key is None or key not in self._by_key:
+        if event.key not in self._by_key:
             return []
-        changed = self.begin(key)
-        state = task_state(message)
-        if state is None:
-            return changed
-        stage = self._by_key[key].stage
-        if state == FAILED or task_run_name.startswith(_LAST_TASK[stage] + "-"):
-            return [k for k in changed if k != key] + self.end(key, state)
-        if state == CACHED:
-            self._by_key[key].cached = True
-        return changed
+        return self.begin(event.key) if event.state == RUNNING else self.end(event.key, event.state)
 
     # -- figures --------------------------------------------------------------------
     def scale(self, stage: str) -> float:
@@ -414,11 +378,12 @@ class ProgressDisplay:
 
 
 class ProgressHandler(logging.Handler):
-    """Moves the display on from Prefect's log records, and shows errors and our warnings.
+    """Moves the display on from the run's progress events, and shows errors and our warnings.
 
-    Attach it to the root logger (Prefect's run loggers propagate there) after Prefect
-    has configured logging. Records of task runs move the steps on; any ERROR record,
-    and WARNING records emitted by promptdistill's code, are printed in full.
+    Attach it with :func:`listening` after Prefect has configured logging. Progress
+    events (records carrying a :class:`~promptdistill.pipeline.events.ProgressEvent`)
+    move the steps on; any ERROR record, and WARNING records emitted by promptdistill's
+    code, are printed in full.
     """
 
     def __init__(self, display: ProgressDisplay | None, terminal: Terminal, *, echo: bool = True) -> None:
@@ -437,9 +402,11 @@ class ProgressHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            name = getattr(record, "task_run_name", None)
-            if self.display is not None and isinstance(name, str):
-                self.display.changed(self.display.progress.on_task(name, record.getMessage()))
+            event = getattr(record, "progress", None)
+            if isinstance(event, ProgressEvent):
+                if self.display is not None:
+                    self.display.changed(self.display.progress.on_event(event))
+                return
             if self.echo and (record.levelno >= logging.ERROR or (record.levelno >= logging.WARNING and is_ours(record))):
                 text = self.format(record)
                 if self.display is not None:
@@ -448,3 +415,20 @@ class ProgressHandler(logging.Handler):
                     print(text, file=self.terminal.err, flush=True)
         except Exception:  # noqa: BLE001 - a display problem must never fail the run
             self.handleError(record)
+
+
+@contextmanager
+def listening(handler: logging.Handler) -> Iterator[logging.Handler]:
+    """``handler`` on the root logger (where Prefect's and the libraries' records end up)
+    and on the progress events' logger (which does not propagate), until the block ends.
+
+    Attach after Prefect has configured logging: its set-up replaces the root logger's handlers.
+    """
+    root = logging.getLogger()
+    root.addHandler(handler)
+    PROGRESS_LOGGER.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        PROGRESS_LOGGER.removeHandler(handler)
+        root.removeHandler(handler)

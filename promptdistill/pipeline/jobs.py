@@ -1,8 +1,10 @@
-"""Which specs a run covers, what identifies one spec's work (the cache key of a task) and
-what names a run (its registry run id).
+"""Which specs a run covers, what identifies one spec's work (the cache key of a task),
+what names a run (its registry run id), how specs run side by side, and what row a
+spec's work ends in.
 
-The rule of what enters a stage's cache key lives here, in :func:`distill_key` and
-:func:`optimize_key`; the flows only call them.
+The rules live here and the flows only call them: what enters a stage's cache key
+(:func:`distill_key`, :func:`optimize_key`), a spec's summary row (:class:`SpecOutcome`),
+and how many specs run at once (:func:`dask_worker_count`, :func:`parallel_specs`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from datetime import datetime, timezone
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -18,11 +20,12 @@ from promptdistill.core.config import Settings
 from promptdistill.core.errors import PromptDistillError, SpecError
 from promptdistill.core.jsonio import canonical_json, json_safe
 from promptdistill.judges.definitions import judge_dirs
+from promptdistill.pipeline.report import failed_row, summary_row
 from promptdistill.specs.datasets import dataset_hash
 from promptdistill.specs.load import load_spec
 
-__all__ = ["SpecJob", "SpecsFailedError", "distill_key", "judges_hash", "optimize_key", "prepare_job", "run_id_for",
-           "select_spec_files", "settings_key", "work_key"]
+__all__ = ["SpecJob", "SpecOutcome", "SpecsFailedError", "dask_worker_count", "distill_key", "judges_hash",
+           "optimize_key", "parallel_specs", "prepare_job", "run_id_for", "select_spec_files", "settings_key", "work_key"]
 
 
 class SpecsFailedError(PromptDistillError):
@@ -168,3 +171,77 @@ def run_id_for(flow_run_id: str | None, now: datetime | None = None) -> str:
     """
     stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{(flow_run_id or 'local')[:8]}"
+
+
+@dataclass
+class SpecOutcome:
+    """The summary row one spec's chain (prepare, distill, optimize, publish, record) ends
+    in, built as its stages report back: the row's rules (its status, when it counts as
+    cached, what a failure row names) live here, and the flow only says what each task did.
+
+    Example:
+        >>> outcome = SpecOutcome("ticket_triage")
+        >>> outcome.stage("optimize-3f1c")                     # the stage's work key
+        >>> outcome.stage_done(cached=True)                    # its result came from the cache
+        >>> outcome.published(result, figures, published)      # doctest: +SKIP
+    """
+
+    name: str
+    run_key: str | None = None
+    """The work key of the latest stage started: a failure row names it (None: no stage yet)."""
+    cache_hits: list[bool] = field(default_factory=list)
+    """Per finished stage, whether its result came from an earlier run's cache."""
+
+    def stage(self, run_key: str) -> None:
+        """A stage starts on the work under ``run_key``."""
+        self.run_key = run_key
+
+    def stage_done(self, *, cached: bool) -> None:
+        """The stage ended, computed now or (``cached``) read from an earlier run's cache."""
+        self.cache_hits.append(cached)
+
+    @property
+    def cached(self) -> bool:
+        """Every stage's result came from the cache: the row's figures are an earlier run's work."""
+        return bool(self.cache_hits) and all(self.cache_hits)
+
+    def failed(self, error: str) -> dict[str, Any]:
+        """A stage (or the chain between them) failed: the row names the error and the work
+        key; it is never ``cached``, as the work is not all in."""
+        return failed_row(self.name, error, run_key=self.run_key)
+
+    def publish_failed(self, error: str) -> dict[str, Any]:
+        """Publishing failed: the spec failed, though its work is done (cached or not, as it was)."""
+        return failed_row(self.name, error, run_key=self.run_key, cached=self.cached)
+
+    def published(self, result: Mapping[str, Any], figures: Mapping[str, Any],
+                  published: Mapping[str, Any]) -> dict[str, Any]:
+        """The row of a published result: ``baseline kept`` when no candidate beat the
+        baseline (the optimizer kept it), else ``optimized``; with the published version."""
+        status = "baseline kept" if result["kept_baseline"] else "optimized"
+        return summary_row(self.name, figures, status=status, version=published["version"], labels=published["labels"],
+                           promotion=published["promotion"], cached=self.cached, run_key=self.run_key)
+
+    @staticmethod
+    def reporting_failed(row: Mapping[str, Any], error: str) -> dict[str, Any]:
+        """A published row whose artifacts or run logs failed: the template is published (the
+        spec did not fail), the error says what is missing."""
+        return {**row, "error": f"reporting failed: {error}"}
+
+
+def dask_worker_count(requested: int | None, server_urls: Sequence[str]) -> int:
+    """Local Dask workers for a run: as many as asked, else one per endpoint (each endpoint
+    serves one spec at a time, so more workers would only wait for a slot); at least one."""
+    return requested or max(1, len(server_urls))
+
+
+def parallel_specs(parallel: bool, backend: str) -> tuple[bool, str | None]:
+    """Whether specs may run side by side on the flow's task runner, and when asked but
+    refused, why (a warning for the run's log).
+
+    The in-process engine is not thread-safe: side by side needs the server backend.
+    """
+    if parallel and backend == "local":
+        return False, ("parallel=True needs the server backend (the in-process engine is not thread-safe): "
+                       "running specs one at a time")
+    return parallel, None

@@ -13,7 +13,9 @@ there; ``promptdistill optimize`` and the nightly load from there.
   which nothing here imports);
 * :func:`load_ttft_model`, :func:`ttft_figure`: read it back;
 * :func:`after_failed_refresh`: the rule when a refresh fails (go on with the old model,
-  or stop when there is none).
+  or stop when there is none);
+* :func:`keep_ttft_model_fresh`: the run's sequence (status, refresh when stale, status
+  again, or the rule above), the refresh itself passed in by the flow.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import pandas as pd
 
@@ -42,6 +44,7 @@ __all__ = [
     "after_failed_refresh",
     "fit_and_publish",
     "fit_ttft_model",
+    "keep_ttft_model_fresh",
     "load_ttft_model",
     "publish_ttft_model",
     "ttft_figure",
@@ -277,3 +280,43 @@ def after_failed_refresh(status: TTFTStatus, error: str) -> dict[str, Any]:
         raise PromptDistillError(f"no TTFT model for engine {status.engine_key} and the refresh failed: {error}")
     return {**status.to_dict(), "refreshed": False,
             "reason": f"{status.reason}; refresh FAILED ({error}), using the old model"}
+
+
+class RunLogger(Protocol):
+    """What :func:`keep_ttft_model_fresh` logs to (a flow's run logger, or any ``logging.Logger``)."""
+
+    def info(self, msg: str, *args: Any) -> None: ...
+
+    def warning(self, msg: str, *args: Any) -> None: ...
+
+
+def keep_ttft_model_fresh(registry: Registry, identity: EngineIdentity, *, max_age_hours: float | None,
+                          refresh: Callable[[TTFTStatus], str | None], logger: RunLogger) -> dict[str, Any]:
+    """A run's TTFT model: the one in the registry while fresh, else refreshed, else the old one.
+
+    The sequence: :func:`ttft_status`; when stale, ``refresh`` (measure, fit and publish:
+    how is the caller's, a flow's tasks), then the new model's status, or on failure
+    :func:`after_failed_refresh`.
+
+    Args:
+        refresh: called with the stale status; returns None once a new model is published,
+            else the error that stopped it (``TypeName: message``).
+        logger: told why a refresh starts (info) and when one failed (warning).
+
+    Returns:
+        The model's status as a dict, with ``refreshed`` and (after a refresh) its reason.
+
+    Raises:
+        PromptDistillError: the refresh failed and there is no older model to go on with.
+    """
+    status = ttft_status(registry, identity, max_age_hours=max_age_hours)
+    if not status.needs_refresh:
+        return {**status.to_dict(), "refreshed": False}
+    logger.info("refreshing the TTFT model: %s", status.reason)
+    error = refresh(status)
+    if error is None:
+        after = ttft_status(registry, identity, max_age_hours=None)
+        return {**after.to_dict(), "refreshed": True, "reason": f"refreshed: {status.reason}"}
+    outcome = after_failed_refresh(status, error)
+    logger.warning("TTFT: %s", outcome["reason"])
+    return outcome
