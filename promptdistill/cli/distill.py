@@ -12,19 +12,23 @@ import sys
 from typing import Any
 
 from promptdistill.cli.search_args import add_search_arguments, budget_values
+from promptdistill.core.settings import (DeclaredHelp, SettingError, SettingsHelpFormatter, add_setting_options,
+                                         setting_values)
 
 __all__ = ["register"]
 
+CONFIG = "promptdistill.distill.loop:DistillConfig"
+CONFIG_FLAGS = {"--rounds": "max_rounds"}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("distill", help="prune and rewrite a spec's instruction; print clauses, candidates, winner")
+    p = sub.add_parser("distill", help="prune and rewrite a spec's instruction; print clauses, candidates, winner",
+                       formatter_class=SettingsHelpFormatter)
     add_search_arguments(
-        p, calls_help="most LM calls for the search (default 300)",
-        minutes_help="most minutes for the search (default 10)",
-        dev_help="dev records in all: screen, then the race's pool (default 400)",
-        test_help="held-out test records (default 200)",
+        p, calls_help=DeclaredHelp(CONFIG, "max_lm_calls"), minutes_help=DeclaredHelp(CONFIG, "max_minutes"),
+        dev_help=DeclaredHelp(CONFIG, "dev_size"), test_help=DeclaredHelp(CONFIG, "test_size"),
     )
-    p.add_argument("--rounds", type=int, help="most rounds (default 2)")
+    add_setting_options(p, CONFIG, CONFIG_FLAGS)
     p.add_argument("--no-ablation", action="store_true", help="score clauses with the judge only")
     p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")
     p.add_argument("--no-calibrate", action="store_true", help="skip the judge-vs-metric calibration")
@@ -36,14 +40,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _config(args: argparse.Namespace) -> Any:
     from promptdistill.distill import DistillConfig
 
-    values = budget_values(args, seed=args.seed, max_rounds=args.rounds, alpha=args.alpha, finalists=args.finalists)
+    values = budget_values(args, seed=args.seed, alpha=args.alpha, finalists=args.finalists,
+                           **setting_values(args, CONFIG_FLAGS))
     values.update(ablation=not args.no_ablation, rewrite=not args.no_rewrite, calibrate=not args.no_calibrate)
     try:
         return DistillConfig(**values)
-    except ValueError as e:
+    except SettingError as e:
         from promptdistill.core.errors import ConfigError
 
-        raise ConfigError(f"distill: {e}") from None
+        raise ConfigError(f"distill: {e.field_message}") from None
 
 
 def _distill(args: argparse.Namespace) -> int:

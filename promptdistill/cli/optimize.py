@@ -15,23 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from promptdistill.cli.search_args import add_search_arguments, budget_values
+from promptdistill.core.settings import (DeclaredHelp, SettingError, SettingsHelpFormatter, add_setting_options,
+                                         setting_values)
 
 __all__ = ["register"]
 
+BUDGET = "promptdistill.optimize.run:OptimizeBudget"
+RULE = "promptdistill.optimize.select:SelectionRule"
+RULE_FLAGS = {"--ttft": "ttft", "--warm-share": "warm_share"}
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("optimize", help="tune few-shot examples and density against quality and predicted TTFT")
+    p = sub.add_parser("optimize", help="tune few-shot examples and density against quality and predicted TTFT",
+                       formatter_class=SettingsHelpFormatter)
     add_search_arguments(
-        p, calls_help="most LM calls for the whole run (default 1200)",
-        minutes_help="wall-clock limit of the run (default 8); the search shrinks to fit it",
-        dev_help="dev records in all: screen, then the race's pool (default 400)",
-        test_help="held-out test records (default 200)",
+        p, calls_help=DeclaredHelp(BUDGET, "max_lm_calls"), minutes_help=DeclaredHelp(BUDGET, "max_minutes"),
+        dev_help=DeclaredHelp(BUDGET, "dev_size"), test_help=DeclaredHelp(BUDGET, "test_size"),
     )
     p.add_argument("--distilled", help="the distiller's output folder (its finalists are the instruction variants)")
-    p.add_argument("--ttft", choices=["expected", "warm", "cold"], default="expected",
-                   help="which TTFT prediction the SLO and the cost use (default: expected, the mix below)")
-    p.add_argument("--warm-share", type=float,
-                   help="share of requests whose static prefix is cached (default: measured on a vLLM server, "
-                        "else 0.8, assumed)")
+    add_setting_options(p, RULE, RULE_FLAGS)
     p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")
     p.add_argument("--out", help="output folder (default: STATE_DIR/optimize/NAME-seedS)")
     p.add_argument("--publish", action="store_true", help="publish the winner to the registry, labelled 'candidate'")
@@ -44,10 +45,10 @@ def _budget(args: argparse.Namespace) -> Any:
 
     try:
         budget = OptimizeBudget(**budget_values(args))
-        rule = SelectionRule(**{k: v for k, v in dict(ttft=args.ttft, warm_share=args.warm_share, alpha=args.alpha,
-                                                      finalists=args.finalists).items() if v is not None})
-    except ValueError as e:
-        raise ConfigError(f"optimize: {e}") from None
+        race = {k: v for k, v in dict(alpha=args.alpha, finalists=args.finalists).items() if v is not None}
+        rule = SelectionRule(**race, **setting_values(args, RULE_FLAGS))
+    except SettingError as e:
+        raise ConfigError(f"optimize: {e.field_message}") from None
     return budget, rule
 
 

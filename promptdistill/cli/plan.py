@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
     p.add_argument("--prompts-dir", default="prompts")
     p.add_argument("--budget", default="full", choices=list(BUDGET_PRESETS),
-                   help="the night's preset whose race is planned (default full, as the deployment runs)")
+                   help="the night's preset whose race is planned (default %(default)s, as the deployment runs)")
     p.add_argument("--discordance", type=float, default=None,
                    help="assumed share of records where candidate and baseline differ (default 0.2, "
                         "search.sequential.DEFAULT_DISCORDANCE)")

@@ -17,10 +17,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from promptdistill.core.settings import SettingsHelpFormatter, add_setting_options, setting_values
+
 __all__ = ["register"]
 
 PROFILES_DIR = "artifacts/ttft/profiles"
 REPORT_DIR = "artifacts/ttft"
+PROFILE = "promptdistill.ttft.profile:ProfileConfig"
+PROFILE_FLAGS = {"--points": "points", "--repeats": "repeats", "--budget-s": "budget_s", "--max-tokens": "max_tokens",
+                 "--spec-records": "spec_records", "--density-probe-tokens": "density_probe_tokens",
+                 "--ladder-tokens": "ladder_tokens", "--max-retries": "max_retries", "--quiet-wait-s": "quiet_wait_s",
+                 "--seed": "seed"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,22 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmds = ttft.add_subparsers(dest="ttft_command", metavar="SUBCOMMAND")
     ttft.set_defaults(func=lambda args: (ttft.print_help(), 2)[1])
 
-    p = cmds.add_parser("profile", help="measure TTFT over a designed sweep and the bundled specs (to Parquet)")
-    p.add_argument("--points", type=int, default=40, help="sweep points (Latin hypercube; default 40)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds over the design (default 3; the noise floor needs 2+)")
-    p.add_argument("--budget-s", type=float, default=420.0, help="stop cleanly after this many seconds (default 420)")
-    p.add_argument("--max-tokens", type=int, help="longest sweep prompt (default: the context limit)")
-    p.add_argument("--spec-records", type=int, default=2, help="records per spec profiled as rendered (default 2)")
+    p = cmds.add_parser("profile", help="measure TTFT over a designed sweep and the bundled specs (to Parquet)",
+                        formatter_class=SettingsHelpFormatter)
+    add_setting_options(p, PROFILE, PROFILE_FLAGS)
     p.add_argument("--no-fewshot-probe", action="store_true", help="skip the 0/1/4/8-example probe")
-    p.add_argument("--density-probe-tokens", default="256,1024", help="token counts of the density probe ('' for none)")
-    p.add_argument("--ladder-tokens", default="128,256,512,1024,2048",
-                   help="sizes of the cold throughput ladder ('' for none)")
     p.add_argument("--no-queue-probe", action="store_true", help="skip the groups of requests sent together")
     p.add_argument("--no-matmul-probe", action="store_true", help="skip the machine's matmul peak (about 20 s)")
-    p.add_argument("--max-retries", type=int, default=2, help="re-measurements of a contended request (default 2)")
-    p.add_argument("--quiet-wait-s", type=float, default=10.0,
-                   help="wait up to this long for other processes to leave the CPU before each request (default 10)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=PROFILES_DIR, help=f"folder or .parquet file (default {PROFILES_DIR})")
     p.add_argument("--backend", choices=["local", "server"], help="override engine.backend")
     p.add_argument("--launch-server", action="store_true",
@@ -60,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "few-shot, figures")
     _profile_args(r)
     r.add_argument("--out", default=REPORT_DIR, help=f"folder for report.md, report.json and PNGs (default {REPORT_DIR})")
-    r.add_argument("--n-boot", type=int, default=500, help="bootstrap resamples (default 500)")
+    r.add_argument("--n-boot", type=int, default=500, help="bootstrap resamples (default %(default)s)")
     r.add_argument("--note", default="", help="a line under the overview's title (how the profiles were made)")
     r.set_defaults(func=_report)
 
@@ -95,10 +92,6 @@ def read_profiles(paths: list[str]) -> tuple[Any, list[str]]:
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True), [str(f) for f in files]
 
 
-def _tokens(text: str) -> tuple[int, ...]:
-    return tuple(int(t) for t in text.split(",") if t.strip())
-
-
 def _profile(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
     from promptdistill.ttft.profile import ProfileConfig
@@ -109,19 +102,10 @@ def _profile(args: argparse.Namespace) -> int:
         return _fail(ValueError("--launch-server needs --backend server (or engine.backend: server)"))
     try:
         config = ProfileConfig(
-            points=args.points,
-            repeats=args.repeats,
-            budget_s=args.budget_s,
-            max_tokens=args.max_tokens,
-            spec_records=args.spec_records,
+            **setting_values(args, PROFILE_FLAGS),
             fewshot_probe=not args.no_fewshot_probe,
-            density_probe_tokens=_tokens(args.density_probe_tokens),
-            ladder_tokens=_tokens(args.ladder_tokens),
-            queue_batches=() if args.no_queue_probe else ProfileConfig.queue_batches,
             matmul_probe=not args.no_matmul_probe,
-            max_retries=args.max_retries,
-            quiet_wait_s=args.quiet_wait_s,
-            seed=args.seed,
+            **({"queue_batches": ()} if args.no_queue_probe else {}),
         ).validate()
     except ValueError as e:
         return _fail(e)

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from promptdistill.core.settings import check, setting
 from promptdistill.distill.candidates import ClauseScore, DistillCandidate, agreement_rate, prune_keep_sets
 from promptdistill.distill.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
 from promptdistill.distill.result import DistillResult, clause_rows
@@ -58,58 +59,34 @@ class DistillConfig:
     """Every knob of the loop. The defaults fit a few minutes with SmolLM2-135M on an idle
     2-core CPU; on a busy machine the time budget cuts the search short."""
 
-    seed: int = 0
-    """Shuffles the dev/test records and seeds every request: same seed, same result."""
-    screen_size: int = 16
-    """Dev records for ablation and screening (never used to certify)."""
-    dev_size: int = 1000
-    """Dev records in all: the screen records, then the race's certify pool."""
-    test_size: int = 200
-    """Held-out test records for the final check."""
-    thresholds: tuple[float, ...] = (0.5, 0.75)
-    """Necessity thresholds for pruning (judge and combined scores are in [0, 1])."""
-    target_ratios: tuple[float, ...] = (0.5, 0.3)
-    """Rewrite targets: share of the unprotected clauses' words to aim for."""
-    max_rounds: int = 2
-    max_lm_calls: int = 1500
-    """The budget: LM requests (generation + judges + repairs), test included."""
-    max_minutes: float = 10.0
-    """The time budget: a step starts only if it is projected to end in time."""
-    max_quality_drop: float | None = None
-    """Largest allowed drop of the mean score; None takes the spec's ``slo.max_quality_drop``."""
-    alpha: float = 0.1
-    """Chance of certifying any finalist that is worse than the allowed drop."""
-    finalists: int = 3
-    """Candidates raced on the certify records (alpha is split among them)."""
-    first_look: int = 50
-    """Certify records of the race's first look (then doubling)."""
-    race: bool = True
-    """Race the finalists on the certify records. The nightly turns it off: the optimizer
-    races the same finalists (with its example settings) against the same baseline, so a
-    race here would spend the same records twice."""
-    ablation: bool = True
-    rewrite: bool = True
-    proposals: tuple[str, ...] = ()
-    """Extra instructions to consider in round 1 (e.g. from MIPROv2 or GEPA)."""
-    calibrate: bool = True
-    """On programmatic metrics, measure answer_equivalence's agreement with the metric."""
-    judge_examples: int = 3
-    """(input, expected) pairs shown to the clause_necessity judge."""
+    seed: int = setting(0, "shuffles the dev/test records and seeds every request: same seed, same result")
+    screen_size: int = setting(16, "dev records for ablation and screening (never used to certify)", at_least=1)
+    dev_size: int = setting(1000, "dev records in all: the screen records, then the race's certify pool", at_least=1)
+    test_size: int = setting(200, "held-out test records for the final check", at_least=0)
+    thresholds: tuple[float, ...] = setting((0.5, 0.75), "necessity thresholds for pruning (judge and combined "
+                                            "scores are in [0, 1])", at_least=0, at_most=1)
+    target_ratios: tuple[float, ...] = setting((0.5, 0.3), "rewrite targets: share of the unprotected clauses' "
+                                               "words to aim for", above=0, below=1)
+    max_rounds: int = setting(2, "most rounds of prune and rewrite", at_least=1)
+    max_lm_calls: int = setting(1500, "the budget: LM requests (generation, judges, repairs), test included", at_least=1)
+    max_minutes: float = setting(10.0, "the time budget: a step starts only if it is projected to end in time", above=0)
+    max_quality_drop: float | None = setting(None, "largest allowed drop of the mean score; unset: the spec's "
+                                             "slo.max_quality_drop")
+    alpha: float = setting(0.1, "chance of certifying any finalist that is worse than the allowed drop",
+                           above=0, below=0.5)
+    finalists: int = setting(3, "candidates raced on the certify records (alpha is split among them)", at_least=1)
+    first_look: int = setting(50, "certify records of the race's first look (then doubling)", at_least=1)
+    # The nightly turns the race off: the optimizer races the same finalists (with its
+    # example settings) against the same baseline, so a race here would spend the same records twice.
+    race: bool = setting(True, "race the finalists on the certify records")
+    ablation: bool = setting(True, "score clauses by ablation too (drop each, measure the screen score)")
+    rewrite: bool = setting(True, "rewrite kept clauses with distill_rewrite, besides pruning")
+    proposals: tuple[str, ...] = setting((), "extra instructions to consider in round 1 (e.g. from MIPROv2 or GEPA)")
+    calibrate: bool = setting(True, "on programmatic metrics, measure answer_equivalence's agreement with the metric")
+    judge_examples: int = setting(3, "(input, expected) pairs shown to the clause_necessity judge")
 
     def __post_init__(self) -> None:
-        for name in ("screen_size", "dev_size", "max_rounds", "max_lm_calls", "finalists", "first_look"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if self.test_size < 0:
-            raise ValueError(f"test_size must be at least 0, got {self.test_size}.")
-        if self.max_minutes <= 0:
-            raise ValueError(f"max_minutes must be positive, got {self.max_minutes}.")
-        if any(not 0 <= t <= 1 for t in self.thresholds):
-            raise ValueError(f"thresholds must be in [0, 1], got {self.thresholds}.")
-        if any(not 0 < r < 1 for r in self.target_ratios):
-            raise ValueError(f"target_ratios must be in (0, 1), got {self.target_ratios}.")
-        if not 0 < self.alpha < 0.5:
-            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}.")
+        check(self)
 
 
 def _exact(a: Candidate, b: Candidate) -> float:

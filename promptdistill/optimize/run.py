@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from promptdistill.core.errors import ConfigError
 from promptdistill.core.jsonio import canonical_json
+from promptdistill.core.settings import check, setting
 from promptdistill.engine.base import Engine
 from promptdistill.engine.meter import CallMeter
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
@@ -58,51 +59,29 @@ Record = Mapping[str, Any]
 class OptimizeBudget:
     """Sizes and limits of one run. The defaults optimize one spec in minutes on a 2-core CPU."""
 
-    max_lm_calls: int = 4000
-    """Every LM request of the run (generation and judges), search and verification."""
-    max_minutes: float = 60.0
-    """Wall-clock cap of the search, a safety net: the search is sized by records and LM
-    calls, so a slower machine reaches the same decision later; a search the cap stops
-    says so in its reason."""
-    screen_size: int = 16
-    """Dev records that screen the grid and choose the example sets (never used to certify)."""
-    dev_size: int = 1000
-    """Dev records in all: the screen records, then the race's certify pool."""
-    test_size: int = 200
-    """Held-out test records for the verification."""
-    fewshot_counts: tuple[int, ...] = (0, 2, 4, 8)
-    """Counts of fixed (cacheable) examples; 0 is 'no examples'."""
-    similar_counts: tuple[int, ...] = (2, 4)
-    """Counts of per-request similar examples (TF-IDF neighbours)."""
-    fixed_subsets: int = 2
-    """Example sets tried per fixed count (the spec's own rule first)."""
-    max_variants: int = 3
-    """Instruction variants, the original included."""
-    feature_records: int = 6
-    """Dev records whose prompts the TTFT predictions average over."""
-    timing_records: int = 3
-    """Test records measured cold and warm on the real engine (0: no measurement)."""
-    formats: bool = True
-    """Compare free text, schema-in-prompt and constrained decoding (specs with a schema)."""
-    format_size: int = 16
-    """Screen records the three output formats are compared on."""
+    max_lm_calls: int = setting(4000, "every LM request of the run (generation and judges), search and "
+                                "verification", at_least=1)
+    # A safety net: the search is sized by records and LM calls, so a slower machine reaches
+    # the same decision later; a search the cap stops says so in its reason.
+    max_minutes: float = setting(60.0, "wall-clock cap of the search", above=0)
+    screen_size: int = setting(16, "dev records that screen the grid and choose the example sets (never used to "
+                               "certify)", at_least=1)
+    dev_size: int = setting(1000, "dev records in all: the screen records, then the race's certify pool", at_least=1)
+    test_size: int = setting(200, "held-out test records for the verification", at_least=0)
+    fewshot_counts: tuple[int, ...] = setting((0, 2, 4, 8), "counts of fixed (cacheable) examples; 0 is 'no examples'",
+                                              at_least=0, at_most=8)
+    similar_counts: tuple[int, ...] = setting((2, 4), "counts of per-request similar examples (TF-IDF neighbours)",
+                                              at_least=0, at_most=8)
+    fixed_subsets: int = setting(2, "example sets tried per fixed count (the spec's own rule first)", at_least=0)
+    max_variants: int = setting(3, "instruction variants, the original included", at_least=1)
+    feature_records: int = setting(6, "dev records whose prompts the TTFT predictions average over", at_least=1)
+    timing_records: int = setting(3, "test records measured cold and warm on the real engine (0: no measurement)",
+                                  at_least=0)
+    formats: bool = setting(True, "compare free text, schema-in-prompt and constrained decoding (specs with a schema)")
+    format_size: int = setting(16, "screen records the three output formats are compared on", at_least=0)
 
     def __post_init__(self) -> None:
-        for name in ("max_lm_calls", "dev_size", "screen_size", "feature_records"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        for name in ("test_size", "timing_records", "fixed_subsets", "format_size"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}.")
-        if self.max_minutes <= 0:
-            raise ValueError(f"max_minutes must be positive, got {self.max_minutes}.")
-        if self.max_variants < 1:
-            raise ValueError(f"max_variants must be at least 1, got {self.max_variants}.")
-        for name in ("fewshot_counts", "similar_counts"):
-            counts = tuple(getattr(self, name))
-            if any(not 0 <= k <= 8 for k in counts):
-                raise ValueError(f"{name} must be counts from 0 to 8, got {counts}.")
-            object.__setattr__(self, name, counts)
+        check(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

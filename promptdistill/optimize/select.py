@@ -31,6 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from promptdistill.core.settings import check, setting
+
 __all__ = [
     "ASSUMED_WARM_SHARE",
     "SelectionRule",
@@ -51,35 +53,25 @@ ASSUMED_WARM_SHARE = 0.8
 class SelectionRule:
     """How the winner is picked. Every field has a default; see the module docstring."""
 
-    ttft: str = "expected"
-    """Which prediction the SLO and the cost use: 'expected' (the mix below), 'warm'
-    (static prefix cached) or 'cold'."""
-    warm_share: float | None = None
-    """Share of production requests whose static prefix is cached. None: measured from the
-    server's prefix-cache hit rate when the engine is a vLLM server, else 0.8 (assumed)."""
-    alpha: float = 0.1
-    """Chance of certifying any finalist whose quality drop exceeds the allowed one."""
-    finalists: int = 3
-    """Candidates raced on the certify records after screening (alpha is split among them)."""
-    first_look: int = 50
-    """Certify records of the race's first look (then doubling up to the pool)."""
-    allow_per_request_examples: bool = False
-    """Let candidates with per-request (retrieved) examples win. Their template needs
-    the caller to retrieve examples for every request, so by default they are shown
-    (Pareto front, trade-off table) but not published."""
-    verify_on_test: bool = True
-    """Keep the baseline when the winner's paired mean difference on the test split falls
-    more than the allowed drop below the baseline's."""
+    ttft: str = setting("expected", "which TTFT prediction the SLO and the cost use: the mix of warm and cold "
+                        "(expected), the static prefix cached (warm) or not (cold)", choices=TTFT_KINDS)
+    warm_share: float | None = setting(None, "share of production requests whose static prefix is cached; unset: "
+                                       "measured from the prefix-cache hit rate when the engine is a vLLM server, "
+                                       f"else {ASSUMED_WARM_SHARE:g} (assumed)", at_least=0, at_most=1)
+    alpha: float = setting(0.1, "chance of certifying any finalist whose quality drop exceeds the allowed one",
+                           above=0, below=0.5)
+    finalists: int = setting(3, "candidates raced on the certify records after screening (alpha is split among "
+                             "them)", at_least=1)
+    first_look: int = setting(50, "certify records of the race's first look (then doubling up to the pool)",
+                              at_least=1)
+    # Their template needs the caller to retrieve examples for every request, so by default
+    # they are shown (Pareto front, trade-off table) but not published.
+    allow_per_request_examples: bool = setting(False, "let candidates with per-request (retrieved) examples win")
+    verify_on_test: bool = setting(True, "keep the baseline when the winner's paired mean difference on the test "
+                                   "split falls more than the allowed drop below the baseline's")
 
     def __post_init__(self) -> None:
-        if self.ttft not in TTFT_KINDS:
-            raise ValueError(f"ttft must be one of {TTFT_KINDS}, got {self.ttft!r}.")
-        if self.warm_share is not None and not 0.0 <= self.warm_share <= 1.0:
-            raise ValueError(f"warm_share must be in [0, 1], got {self.warm_share}.")
-        if not 0.0 < self.alpha < 0.5:
-            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}.")
-        if self.finalists < 1 or self.first_look < 1:
-            raise ValueError(f"finalists and first_look must be at least 1, got {self.finalists}, {self.first_look}.")
+        check(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

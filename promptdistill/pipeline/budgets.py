@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from promptdistill.core.settings import check, setting
 from promptdistill.distill.loop import DistillConfig
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
@@ -23,28 +24,17 @@ __all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "expected_minutes", 
 class TTFTBudget:
     """How much profiling a TTFT refresh may do (the profiler's cost knobs)."""
 
-    points: int = 24
-    """Latin-hypercube sweep points (each cold, and warm when possible)."""
-    repeats: int = 2
-    """Rounds over the whole design."""
-    spec_records: int = 2
-    """Records per spec profiled as it renders."""
-    minutes: float = 6.0
-    """Stop measuring after this long (rows so far are kept)."""
-    density_probe: bool = True
-    """Measure the density probe (fixed tokens, varied density)."""
-    fewshot_probe: bool = True
-    """Measure the few-shot probe (0/1/4/8 examples)."""
-    keep_contended: bool = False
-    """Fit on rows measured while other work took the CPU too (by default they are left
-    out; keep them on a machine that is never idle)."""
+    points: int = setting(24, "Latin-hypercube sweep points (each cold, and warm when possible)", at_least=0)
+    repeats: int = setting(2, "rounds over the whole design", at_least=1)
+    spec_records: int = setting(2, "records per spec profiled as it renders", at_least=0)
+    minutes: float = setting(6.0, "stop measuring after this long (rows so far are kept)", above=0)
+    density_probe: bool = setting(True, "measure the density probe (fixed tokens, varied density)")
+    fewshot_probe: bool = setting(True, "measure the few-shot probe (0/1/4/8 examples)")
+    keep_contended: bool = setting(False, "fit on rows measured while other work took the CPU too (by default they "
+                                   "are left out; keep them on a machine that is never idle)")
 
     def __post_init__(self) -> None:
-        for name, low in (("points", 0), ("repeats", 1), ("spec_records", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"TTFTBudget: {name} must be at least {low}, got {getattr(self, name)}.")
-        if not self.minutes > 0:
-            raise ValueError(f"TTFTBudget: minutes must be positive, got {self.minutes}.")
+        check(self)
 
     def profile_config(self, *, prompts_dir: str | Path = "prompts", seed: int = 0) -> ProfileConfig:
         """The profiler's ``ProfileConfig`` for this budget."""

@@ -54,6 +54,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from promptdistill.core.jsonio import atomic_write
+from promptdistill.core.settings import check, setting
 from promptdistill.engine.base import Engine, GenerationRequest
 from promptdistill.specs.prompt import format_example
 from promptdistill.ttft.design import (
@@ -94,54 +95,40 @@ __all__ = [
 class ProfileConfig:
     """What to measure and how much it may cost. Defaults take about 7 minutes here."""
 
-    points: int = 40
-    """Latin-hypercube sweep points (each measured cold, and warm when its static part allows)."""
-    repeats: int = 3
-    """Rounds over the whole design (the noise floor needs at least 2)."""
-    budget_s: float = 420.0
-    """Stop cleanly (keeping every row measured) once this much time has passed."""
-    min_tokens: int = 48
-    max_tokens: int | None = None
-    """Longest sweep prompt; None: the engine's context limit minus a margin."""
-    density_probe_tokens: tuple[int, ...] = (256, 1024)
-    fewshot_probe: bool = True
-    spec_records: int = 2
-    """Records per spec rendered as the spec renders them (0: skip spec profiling)."""
-    ladder_tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
-    """Cold prompts of these sizes (capped to the longest possible): throughput vs the hardware."""
-    queue_batches: tuple[tuple[int, int], ...] = ((4, 384), (8, 768), (3, 1536))
-    """Groups sent together, as (requests, tokens each); in-process only. The defaults
-    span one engine step and, past vLLM's 4096-token CPU chunk, two."""
-    matmul_probe: bool = True
-    """Measure the machine's matmul peak before and after (about 10 s each)."""
-    warmup: int = 3
-    """Requests run and discarded before measuring."""
-    min_warm_static_tokens: int = 160
-    """Measure a warm variant only when the static part has at least this many tokens
-    (the CPU build caches whole 128-token blocks)."""
-    new_tokens: int = 1
-    """Tokens generated per request (1: prefill only)."""
-    max_retries: int = 2
-    """Re-measurements of a unit whose measurement was contended."""
-    max_foreign_cpu_share: float = 0.2
-    """Flag a measurement as contended when other processes used more than this share
-    of the machine's CPU during it."""
-    quiet_wait_s: float = 10.0
-    """Before each measurement, wait up to this long for a moment when other processes
-    leave the CPU alone (0: measure at once)."""
-    prompts_dir: str = "prompts"
-    seed: int = 0
+    points: int = setting(40, "Latin-hypercube sweep points (each measured cold, and warm when its static part "
+                          "allows)", at_least=0)
+    repeats: int = setting(3, "rounds over the whole design (the noise floor needs at least 2)", at_least=1)
+    budget_s: float = setting(420.0, "stop cleanly (keeping every row measured) once this many seconds have passed",
+                              above=0)
+    min_tokens: int = setting(48, "shortest sweep prompt", at_least=16)
+    max_tokens: int | None = setting(None, "longest sweep prompt; unset: the engine's context limit minus a margin")
+    density_probe_tokens: tuple[int, ...] = setting((256, 1024), "token counts of the density probe (fixed tokens, "
+                                                    "varied density); empty: no probe")
+    fewshot_probe: bool = setting(True, "measure the few-shot probe (0/1/4/8 examples)")
+    spec_records: int = setting(2, "records per spec rendered as the spec renders them (0: skip spec profiling)",
+                                at_least=0)
+    ladder_tokens: tuple[int, ...] = setting((128, 256, 512, 1024, 2048), "cold prompts of these sizes (capped to "
+                                             "the longest possible): throughput vs the hardware")
+    # The defaults span one engine step and, past vLLM's 4096-token CPU chunk, two.
+    queue_batches: tuple[tuple[int, int], ...] = setting(((4, 384), (8, 768), (3, 1536)), "groups sent together, "
+                                                         "as (requests, tokens each); in-process only")
+    matmul_probe: bool = setting(True, "measure the machine's matmul peak before and after (about 10 s each)")
+    warmup: int = setting(3, "requests run and discarded before measuring", at_least=0)
+    # The CPU build caches whole 128-token blocks.
+    min_warm_static_tokens: int = setting(160, "measure a warm variant only when the static part has at least "
+                                          "this many tokens")
+    new_tokens: int = setting(1, "tokens generated per request (1: prefill only)")
+    max_retries: int = setting(2, "re-measurements of a unit whose measurement was contended")
+    max_foreign_cpu_share: float = setting(0.2, "flag a measurement as contended when other processes used more "
+                                           "than this share of the machine's CPU during it")
+    quiet_wait_s: float = setting(10.0, "before each measurement, wait up to this many seconds for other "
+                                  "processes to leave the CPU alone (0: measure at once)")
+    prompts_dir: str = setting("prompts", "the specs profiled as they render")
+    seed: int = setting(0, "seeds the sweep's design")
 
     def validate(self) -> "ProfileConfig":
-        for name in ("points", "spec_records", "warmup"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"ProfileConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if self.repeats < 1:
-            raise ValueError(f"ProfileConfig.repeats must be >= 1, got {self.repeats}")
-        if self.budget_s <= 0:
-            raise ValueError(f"ProfileConfig.budget_s must be positive, got {self.budget_s}")
-        if self.min_tokens < 16:
-            raise ValueError(f"ProfileConfig.min_tokens must be >= 16, got {self.min_tokens}")
+        """This config, once every field is checked (raises ValueError naming the field)."""
+        check(self)
         if any(count < 1 or tokens < 16 for count, tokens in self.queue_batches):
             raise ValueError(f"ProfileConfig.queue_batches must be (requests >= 1, tokens >= 16) pairs, got {self.queue_batches}")
         return self

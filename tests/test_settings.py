@@ -1,0 +1,180 @@
+"""The stages' settings, declared once (promptdistill.core.settings): their fields and defaults
+stay what the cache keys and deployments hold, every bad value is refused naming the class
+and the field, and each command's ``--help`` shows the default the code uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from promptdistill.cli import build_parser
+from promptdistill.core.errors import ConfigError
+from promptdistill.distill.loop import DistillConfig
+from promptdistill.optimize.run import OptimizeBudget
+from promptdistill.optimize.select import SelectionRule
+from promptdistill.pipeline.budgets import TTFTBudget
+from promptdistill.ttft.profile import ProfileConfig
+
+# Field order and defaults as the cache keys and the deployments' parameters hold them.
+DEFAULTS = {
+    DistillConfig: dict(seed=0, screen_size=16, dev_size=1000, test_size=200, thresholds=(0.5, 0.75),
+                        target_ratios=(0.5, 0.3), max_rounds=2, max_lm_calls=1500, max_minutes=10.0,
+                        max_quality_drop=None, alpha=0.1, finalists=3, first_look=50, race=True, ablation=True,
+                        rewrite=True, proposals=(), calibrate=True, judge_examples=3),
+    OptimizeBudget: dict(max_lm_calls=4000, max_minutes=60.0, screen_size=16, dev_size=1000, test_size=200,
+                         fewshot_counts=(0, 2, 4, 8), similar_counts=(2, 4), fixed_subsets=2, max_variants=3,
+                         feature_records=6, timing_records=3, formats=True, format_size=16),
+    SelectionRule: dict(ttft="expected", warm_share=None, alpha=0.1, finalists=3, first_look=50,
+                        allow_per_request_examples=False, verify_on_test=True),
+    TTFTBudget: dict(points=24, repeats=2, spec_records=2, minutes=6.0, density_probe=True, fewshot_probe=True,
+                     keep_contended=False),
+    ProfileConfig: dict(points=40, repeats=3, budget_s=420.0, min_tokens=48, max_tokens=None,
+                        density_probe_tokens=(256, 1024), fewshot_probe=True, spec_records=2,
+                        ladder_tokens=(128, 256, 512, 1024, 2048), queue_batches=((4, 384), (8, 768), (3, 1536)),
+                        matmul_probe=True, warmup=3, min_warm_static_tokens=160, new_tokens=1, max_retries=2,
+                        max_foreign_cpu_share=0.2, quiet_wait_s=10.0, prompts_dir="prompts", seed=0),
+}
+
+
+def make(cls: type, **values):
+    """An instance checked as its callers check it (ProfileConfig on ``validate()``)."""
+    obj = cls(**values)
+    return obj.validate() if cls is ProfileConfig else obj
+
+
+@pytest.mark.parametrize("cls", list(DEFAULTS), ids=lambda c: c.__name__)
+def test_fields_and_defaults_are_unchanged(cls):
+    assert dataclasses.asdict(make(cls)) == DEFAULTS[cls]
+    assert list(dataclasses.asdict(make(cls))) == list(DEFAULTS[cls])
+
+
+BAD = [
+    *[(DistillConfig, name, 0) for name in ("screen_size", "dev_size", "max_rounds", "max_lm_calls", "finalists",
+                                            "first_look")],
+    (DistillConfig, "test_size", -1), (DistillConfig, "max_minutes", 0), (DistillConfig, "max_minutes", -1.5),
+    (DistillConfig, "thresholds", (0.5, 1.5)), (DistillConfig, "thresholds", (-0.1,)),
+    (DistillConfig, "target_ratios", (0.0,)), (DistillConfig, "target_ratios", (1.0,)),
+    (DistillConfig, "alpha", 0.0), (DistillConfig, "alpha", 0.5), (DistillConfig, "max_lm_calls", "300"),
+    (DistillConfig, "max_lm_calls", 1.5), (DistillConfig, "max_minutes", float("nan")),
+    *[(OptimizeBudget, name, 0) for name in ("max_lm_calls", "dev_size", "screen_size", "feature_records",
+                                             "max_variants", "max_minutes")],
+    *[(OptimizeBudget, name, -1) for name in ("test_size", "timing_records", "fixed_subsets", "format_size")],
+    (OptimizeBudget, "fewshot_counts", (0, 9)), (OptimizeBudget, "fewshot_counts", (-1,)),
+    (OptimizeBudget, "similar_counts", (9,)), (OptimizeBudget, "formats", "yes"),
+    (SelectionRule, "ttft", "hot"), (SelectionRule, "warm_share", 1.5), (SelectionRule, "warm_share", -0.1),
+    (SelectionRule, "warm_share", "0.5"), (SelectionRule, "alpha", 0.0), (SelectionRule, "alpha", 0.5),
+    (SelectionRule, "finalists", 0), (SelectionRule, "first_look", 0),
+    (TTFTBudget, "points", -1), (TTFTBudget, "repeats", 0), (TTFTBudget, "spec_records", -1),
+    (TTFTBudget, "minutes", 0), (TTFTBudget, "points", True),
+    *[(ProfileConfig, name, -1) for name in ("points", "spec_records", "warmup")],
+    (ProfileConfig, "repeats", 0), (ProfileConfig, "budget_s", 0), (ProfileConfig, "min_tokens", 15),
+    (ProfileConfig, "queue_batches", ((0, 384),)), (ProfileConfig, "queue_batches", ((4, 15),)),
+    (ProfileConfig, "density_probe_tokens", ("256",)),
+]
+
+
+@pytest.mark.parametrize("cls, name, value", BAD, ids=lambda v: getattr(v, "__name__", repr(v)))
+def test_every_bad_value_is_refused_naming_class_and_field(cls, name, value):
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{name} .*got "):
+        make(cls, **{name: value})
+
+
+GOOD = [
+    (DistillConfig, dict(test_size=0, thresholds=(0.0, 1.0), target_ratios=(0.01, 0.99), alpha=0.49,
+                         max_minutes=1, max_quality_drop=0.0, judge_examples=0)),
+    (OptimizeBudget, dict(test_size=0, timing_records=0, fixed_subsets=0, format_size=0, fewshot_counts=(0, 8),
+                          similar_counts=())),
+    (SelectionRule, dict(ttft="cold", warm_share=0.0, alpha=0.01, finalists=1, first_look=1)),
+    (SelectionRule, dict(ttft="warm", warm_share=1.0)),
+    (TTFTBudget, dict(points=0, repeats=1, spec_records=0, minutes=0.5)),
+    (ProfileConfig, dict(points=0, spec_records=0, warmup=0, repeats=1, budget_s=0.1, min_tokens=16,
+                         queue_batches=(), max_tokens=300, density_probe_tokens=())),
+]
+
+
+@pytest.mark.parametrize("cls, values", GOOD, ids=lambda v: getattr(v, "__name__", ""))
+def test_the_edges_of_each_range_are_accepted(cls, values):
+    obj = make(cls, **values)
+    assert {k: getattr(obj, k) for k in values} == values
+
+
+def test_lists_given_for_tuple_fields_become_tuples():
+    assert OptimizeBudget(fewshot_counts=[0, 2]).fewshot_counts == (0, 2)
+    assert DistillConfig(thresholds=[0.5]).thresholds == (0.5,)
+
+
+# ------------------------------------------------------------------ --help
+FLAGS = [
+    *[(["distill"], flag, DistillConfig, name) for flag, name in (
+        ("--budget-calls", "max_lm_calls"), ("--budget-minutes", "max_minutes"), ("--dev", "dev_size"),
+        ("--test", "test_size"), ("--screen", "screen_size"), ("--alpha", "alpha"), ("--finalists", "finalists"),
+        ("--rounds", "max_rounds"))],
+    *[(["optimize"], flag, OptimizeBudget, name) for flag, name in (
+        ("--budget-calls", "max_lm_calls"), ("--budget-minutes", "max_minutes"), ("--dev", "dev_size"),
+        ("--test", "test_size"), ("--screen", "screen_size"))],
+    *[(["optimize"], flag, SelectionRule, name) for flag, name in (
+        ("--alpha", "alpha"), ("--finalists", "finalists"), ("--ttft", "ttft"))],
+    *[(["ttft", "profile"], flag, ProfileConfig, name) for flag, name in (
+        ("--points", "points"), ("--repeats", "repeats"), ("--budget-s", "budget_s"),
+        ("--spec-records", "spec_records"), ("--density-probe-tokens", "density_probe_tokens"),
+        ("--ladder-tokens", "ladder_tokens"), ("--max-retries", "max_retries"), ("--quiet-wait-s", "quiet_wait_s"),
+        ("--seed", "seed"))],
+]
+
+
+def _help(command: list[str], capsys) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def _option_help(help_text: str, flag: str) -> str:
+    """The help of one option: from its flag to the next option."""
+    found = re.search(rf"(?<= ){re.escape(flag)} (.*?)(?= --?[a-z]|$)", help_text)
+    assert found, f"{flag} is not in the help"
+    return found.group(1)
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+@pytest.mark.parametrize("command, flag, cls, name", FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else
+                         getattr(v, "__name__", str(v)))
+def test_help_shows_the_default_the_code_uses(command, flag, cls, name, capsys):
+    default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
+    assert re.search(rf"default {re.escape(_shown(default))}[;)]", _option_help(_help(command, capsys), flag))
+
+
+def test_the_help_of_unset_settings_says_what_unset_means(capsys):
+    assert "unset: measured" in _option_help(_help(["optimize"], capsys), "--warm-share")
+    assert "unset: the engine's context limit" in _option_help(_help(["ttft", "profile"], capsys), "--max-tokens")
+
+
+# ------------------------------------------------------------------ flags to settings
+def test_flags_reach_the_settings_and_bad_ones_are_config_errors():
+    from promptdistill.cli import distill, optimize
+
+    parser = build_parser()
+    budget, rule = optimize._budget(parser.parse_args(["optimize", "x", "--ttft", "cold", "--warm-share", "0.25",
+                                                       "--budget-calls", "9", "--alpha", "0.05"]))
+    assert (rule.ttft, rule.warm_share, rule.alpha, rule.finalists, budget.max_lm_calls) == ("cold", 0.25, 0.05, 3, 9)
+    assert optimize._budget(parser.parse_args(["optimize", "x"])) == (OptimizeBudget(), SelectionRule())
+    config = distill._config(parser.parse_args(["distill", "x", "--rounds", "1", "--seed", "4", "--no-rewrite"]))
+    assert (config.max_rounds, config.seed, config.rewrite, config.max_lm_calls) == (1, 4, False, 1500)
+    with pytest.raises(ConfigError, match=r"^optimize: warm_share must be in \[0, 1\], got 2.0\.$"):
+        optimize._budget(parser.parse_args(["optimize", "x", "--warm-share", "2"]))
+    with pytest.raises(SystemExit):  # a choice is refused while parsing, as argparse's choices are
+        parser.parse_args(["optimize", "x", "--ttft", "hot"])
+
+
+def test_profile_flags_parse_as_their_fields_types():
+    args = build_parser().parse_args(["ttft", "profile", "--density-probe-tokens", "", "--ladder-tokens", "64, 128",
+                                      "--quiet-wait-s", "0", "--max-tokens", "300"])
+    assert (args.density_probe_tokens, args.ladder_tokens, args.quiet_wait_s, args.max_tokens) == ((), (64, 128), 0.0,
+                                                                                                    300)
+    assert args.points is None  # left out: the class's default applies
