@@ -128,21 +128,7 @@ def test_replies_parse_to_the_same_fields_as_the_json_adapter(name):
     content = pe.export_program(spec.name, program.signature, program.demos, a, max_tokens=48)
     # The demos' own assistant turns are replies in the adapter's format.
     replies = [t["content"] for t in content["turns"] if t["role"] == "assistant"] + JSON_REPLIES[name]
-    outcomes = set()
-    for text in replies:
-        try:
-            theirs = a.parse(program.signature, text)
-        except dspy.utils.exceptions.AdapterParseError:
-            theirs = None
-        try:
-            mine = pe.parse_reply(content, text)
-        except pe.ParseError:
-            mine = None
-        assert mine == theirs, text
-        if mine is not None:
-            assert [type(v) for v in mine.values()] == [type(v) for v in theirs.values()], text
-        outcomes.add(mine is None)
-    assert outcomes == {True, False}  # both parsed and refused replies were compared
+    assert_same_parses(a, program.signature, content, replies)
 
 
 def test_replies_parse_to_the_same_fields_as_the_chat_adapter():
@@ -158,10 +144,16 @@ def test_replies_parse_to_the_same_fields_as_the_chat_adapter():
         head + "[[ ## total ## ]]\n12\n\n[[ ## currency ## ]]\nUSD",
         '{"vendor": "Acme"}',
     ]
+    assert_same_parses(a, program.signature, content, replies)
+
+
+def assert_same_parses(adapter, signature, content, replies):
+    """Every reply parses to the adapter's fields (values and their types) or is refused by
+    both; both outcomes occur, so parsed and refused replies were compared."""
     outcomes = set()
     for text in replies:
         try:
-            theirs = a.parse(program.signature, text)
+            theirs = adapter.parse(signature, text)
         except dspy.utils.exceptions.AdapterParseError:
             theirs = None
         try:
@@ -169,6 +161,8 @@ def test_replies_parse_to_the_same_fields_as_the_chat_adapter():
         except pe.ParseError:
             mine = None
         assert mine == theirs, text
+        if mine is not None:
+            assert [type(v) for v in mine.values()] == [type(v) for v in theirs.values()], text
         outcomes.add(mine is None)
     assert outcomes == {True, False}
 
