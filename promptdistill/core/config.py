@@ -31,6 +31,7 @@ file, ``$PROMPTDISTILL_BACKEND: engine.backend: ...`` for an environment overrid
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -57,6 +58,7 @@ MAX_CONFIG_BYTES = 256 * 1024
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+@functools.cache
 def default_dtype(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     """bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX: the CPU build
     evaluates about 1.6x faster than in float32 there, docs/bench/dtype.md), else float32

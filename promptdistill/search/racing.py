@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from scipy.stats import norm
 
 from promptdistill.core.stats import paired_diffs
 from promptdistill.evaluate.evaluator import EvalReport
@@ -99,7 +100,7 @@ STOPPED = "stopped"
 
 FASTER, TIE, KEPT = "faster", "tie, no worse", "kept"
 """The clauses of the selection rule (see the module docstring)."""
-SCREEN_Z = 0.8416
+SCREEN_Z = float(norm.ppf(0.80))
 """The screen's one-sided 80% bound: a candidate is screened out as worse than the margin
 only when the upper bound of its paired difference is below ``-margin``."""
 TIE_MAX_SLOWDOWN = 0.05
