@@ -592,7 +592,7 @@ def test_screen_drops_only_candidates_the_screen_shows_worse_than_the_margin():
     upper = racing.screen_upper(cands[1], base)
     # mean -0.25, sd of the diffs sqrt(4/15 - ...) -> bound = -0.25 + 0.8416 * sd / 4
     diffs = np.array(many_losses) - np.array(base_scores)
-    assert upper == pytest.approx(diffs.mean() + 0.8416 * diffs.std(ddof=1) / 4)
+    assert upper == pytest.approx(diffs.mean() + norm.ppf(0.80) * diffs.std(ddof=1) / 4)
     assert upper < -0.05
     assert cands[1].notes == [f"screening: mean difference -0.250 on 16 records, 80% upper bound {upper:+.3f}, is below -0.05"]
     assert racing.screen_upper(cands[0], base) > -0.05
