@@ -577,9 +577,52 @@ def demo_records(spec: Any, demos: Sequence[Any]) -> list[dict]:
     return recs
 
 
+def run_with_retries(compile_once: Callable[[Any, int | None], Any], adapters: Sequence[Any], seed: int | None,
+                     retry_on: tuple[type[BaseException], ...] | None = None) -> tuple[Any, dict[str, Any]]:
+    """A peer run as a competent DSPy user runs it: ``compile_once(adapter, seed)``, retried on a parse failure.
+
+    The first adapter with ``seed``; on an adapter parse error (``retry_on``, default DSPy's
+    ``AdapterParseError``) once more with the same adapter and ``seed + 1`` (skipped when
+    the peer takes no seed: the same calls would come back from DSPy's cache), then each
+    other adapter with ``seed``. Any other exception ends the run at once.
+
+    Returns:
+        (the result or None, the record for the peer's side): ``attempts`` (adapter, seed,
+        seconds, error type and message), ``adapter`` (the one that succeeded) and, when
+        every attempt failed, ``error`` and ``traceback`` of the last.
+    """
+    if retry_on is None:
+        from dspy.utils.exceptions import AdapterParseError
+
+        retry_on = (AdapterParseError,)
+    plan = [(adapters[0], seed), *([(adapters[0], seed + 1)] if seed is not None else []),
+            *((a, seed) for a in adapters[1:])]
+    attempts: list[dict[str, Any]] = []
+    error: Exception | None = None
+    for adapter, s in plan:
+        row: dict[str, Any] = {"adapter": type(adapter).__name__, "seed": s, "error_type": None, "error": None}
+        attempts.append(row)
+        started = time.monotonic()
+        try:
+            result = compile_once(adapter, s)
+        except Exception as e:  # noqa: BLE001 - a failing peer is a result to report, not a crash
+            row.update(seconds=round(time.monotonic() - started, 1), error_type=type(e).__name__,
+                       error=str(e).strip()[:500])
+            error = e
+            if not isinstance(e, retry_on):
+                break
+            continue
+        row["seconds"] = round(time.monotonic() - started, 1)
+        return result, {"attempts": attempts, "adapter": row["adapter"]}
+    assert error is not None
+    return None, {"attempts": attempts, "adapter": None, "error": f"{type(error).__name__}: {error}",
+                  "traceback": "".join(traceback.format_exception(error, limit=6))}
+
+
 def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[str, Sequence[dict]],
              args: argparse.Namespace, folder: Path, block_tokens: int) -> dict[str, Any]:
-    """Compile one peer, score its program on test, export it as a template (content included)."""
+    """Compile one peer (``run_with_retries``: its cost counts every attempt), score its program on test,
+    export it as a template (content included)."""
     import dspy
 
     from bench.peer_export import export_program
@@ -592,33 +635,36 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
                              max_tokens=args.proposer_max_tokens, max_batch=32)
     bridge = prompt_lm.bridge
     task_lm = prompt_lm.copy(max_tokens=2 * (spec.max_tokens or 128) + 16, temperature=0.0)  # JSONAdapter's spacing
-    adapter = dspy.JSONAdapter()
-    dspy.configure(lm=task_lm, adapter=adapter)
     trainset = [to_example(spec, r) for r in split["train"]]
     valset = [to_example(spec, r) for r in split["dev"]]
     out: dict[str, Any] = {"kind": kind}
-    started = time.monotonic()
-    try:
+
+    def compile_once(adapter: Any, seed: int | None) -> Any:
+        dspy.configure(lm=task_lm, adapter=adapter)  # global: every DSPy thread uses it
         if kind == "mipro":
             from dspy.teleprompt import MIPROv2
 
             optimizer = MIPROv2(metric=make_metric(spec), prompt_model=prompt_lm, task_model=task_lm, auto="light",
                                 max_bootstrapped_demos=args.max_bootstrapped_demos,
                                 max_labeled_demos=args.max_labeled_demos, num_threads=args.num_threads,
-                                max_errors=10**6, seed=args.seed + 9, verbose=False)
-            program = optimizer.compile(dspy.Predict(make_signature(spec)), trainset=trainset, valset=valset,
-                                        minibatch_size=min(35, len(valset)))
-        else:
-            ttft = TTFTObjective(engine, model, spec, split["dev"][:3], block_tokens) if kind == "gepa_ttft" else None
-            budget = {"auto": "light"} if args.gepa_metric_calls is None else {"max_metric_calls": args.gepa_metric_calls}
-            optimizer = dspy.GEPA(metric=make_gepa_metric(spec, ttft), reflection_lm=prompt_lm,
-                                  num_threads=args.num_threads, track_stats=True, seed=args.seed,
-                                  gepa_kwargs={"frontier_type": "hybrid"} if ttft is not None else None, **budget)
-            program = optimizer.compile(tagged_program(make_signature(spec)), trainset=trainset, valset=valset)
-            out.update(gepa_details(program, ttft))
-    except Exception as e:  # noqa: BLE001 - a failing peer is a result to report, not a crash
-        out.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=6))
-        program = None
+                                max_errors=10**6, seed=seed, verbose=False)
+            return optimizer.compile(dspy.Predict(make_signature(spec)), trainset=trainset, valset=valset,
+                                     minibatch_size=min(35, len(valset)))
+        ttft = TTFTObjective(engine, model, spec, split["dev"][:3], block_tokens) if kind == "gepa_ttft" else None
+        budget = {"auto": "light"} if args.gepa_metric_calls is None else {"max_metric_calls": args.gepa_metric_calls}
+        optimizer = dspy.GEPA(metric=make_gepa_metric(spec, ttft), reflection_lm=prompt_lm,
+                              num_threads=args.num_threads, track_stats=True, seed=seed,
+                              gepa_kwargs={"frontier_type": "hybrid"} if ttft is not None else None, **budget)
+        program = optimizer.compile(tagged_program(make_signature(spec)), trainset=trainset, valset=valset)
+        out.update(gepa_details(program, ttft))
+        return program
+
+    # JSONAdapter first; ChatAdapter without its JSON fallback, so its program (and its export) is ChatAdapter's.
+    adapters = (dspy.JSONAdapter(), dspy.ChatAdapter(use_json_adapter_fallback=False))
+    started = time.monotonic()
+    program, record = run_with_retries(compile_once, adapters, args.seed + 9 if kind == "mipro" else args.seed)
+    out.update(record)
+    adapter = next((a for a in adapters if type(a).__name__ == record["adapter"]), adapters[0])
     out.update(minutes=round((time.monotonic() - started) / 60.0, 3), lm_calls=counter.calls,
                rejected_too_long=counter.rejected, prompt_tokens_processed=bridge.prompt_tokens,
                completion_tokens_processed=bridge.completion_tokens,
@@ -627,7 +673,7 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
         bridge.close()
         return out
 
-    # Its own program on test (DSPy's prompt, JSONAdapter): counted apart from its cost.
+    # Its own program on test (DSPy's prompt, the adapter it compiled with): counted apart from its cost.
     before = counter.calls
     evaluation = dspy.Evaluate(devset=[to_example(spec, r) for r in split["test"]], metric=make_metric(spec),
                                num_threads=args.num_threads, max_errors=10**6, failure_score=0.0,
@@ -637,9 +683,7 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     predictor = program.predictors()[0]
     instruction = predictor.signature.instructions
     demos = demo_records(spec, predictor.demos)
-    from dspy.adapters import JSONAdapter
-
-    sent = [engine.count_tokens(JSONAdapter().format(predictor.signature, predictor.demos, dict(r["inputs"])))
+    sent = [engine.count_tokens(adapter.format(predictor.signature, predictor.demos, dict(r["inputs"])))
             for r in split["test"]]
     pspec = peer_spec(spec, instruction, demos)
     # The program's own requests as a template (bench.peer_export): same messages, schema and max_tokens.
@@ -794,6 +838,29 @@ def _mark(v: Any) -> str:
     return "-" if v is None else ("yes" if v else "**no**")
 
 
+def attempts_line(kind: str, s: Mapping[str, Any]) -> str | None:
+    """What a peer's run tried (``run_with_retries``): each attempt's adapter, seed, time and failure."""
+    tried = s.get("attempts")
+    if not tried:  # a report from before the retries
+        return None
+    parts = [f"{a['adapter']} seed {a['seed']}, {_f(a.get('seconds'), '.0f')} s: "
+             + (f"{a['error_type']} ({str(a['error']).splitlines()[0][:100]})" if a.get("error_type") else "succeeded")
+             for a in tried]
+    outcome = f"succeeded with {s['adapter']}" if s.get("adapter") else f"failed all {len(tried)} attempt(s)"
+    return f"- {kind}: {outcome}; tried " + "; ".join(f"({i}) {p}" for i, p in enumerate(parts, 1))
+
+
+def side_label(side: str, s: Mapping[str, Any]) -> str:
+    """A side's name in the table, with the adapter a peer ended on, or that it failed every attempt."""
+    n = len(s.get("attempts") or ())
+    if s.get("error"):
+        tries = f" {n} attempt(s)" if n else ""
+        return f"{side} (failed{tries}: {s['error'].splitlines()[0][:80]})"
+    if n > 1 or (s.get("adapter") or "JSONAdapter") != "JSONAdapter":
+        return f"{side} ({s['adapter']}, attempt {n})"
+    return side
+
+
 def search_line(kind: str, s: Mapping[str, Any]) -> str | None:
     """One line on what a peer's search did (GEPA: candidates accepted, metric calls, validation scores)."""
     if s.get("error") or "candidates" not in s:
@@ -852,9 +919,11 @@ def shortfalls(name: str, r: Mapping[str, Any], peers: Sequence[str]) -> list[st
 def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], total_minutes: float) -> str:
     peers = config["peers"]
     intro = (f"Budget preset `{config['budget']}` for ours (distiller, then optimizer, through the pipeline stages); "
-             f"DSPy {config['dspy_version']}, JSONAdapter; seed {config['seed']}. Test quality is every side's exported "
+             f"DSPy {config['dspy_version']}, JSONAdapter; seed {config['seed']}. A peer failing on an adapter parse "
+             "error is retried once with the next seed, then with ChatAdapter (every attempt is listed under its "
+             "spec and counted in its cost). Test quality is every side's exported "
              "template scored on the test records: ours by `promptdistill.evaluate` (what a service gets), a peer's "
-             "program exported by `bench.peer_export` (JSONAdapter's own messages, demo turns, schema, max_tokens and "
+             "program exported by `bench.peer_export` (its adapter's own messages, demo turns, schema, max_tokens and "
              "parsing); the DSPy program's own score is beside it. Tokens processed: prompt + completion of every LM "
              "request of the search (peers: compile, counted "
              "by the DSPy bridge; ours: the stage results, held-out verification included). Prompt tokens: the "
@@ -875,9 +944,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                             if s.get("prompt_tokens_processed") is not None else "")
             engine_note = (f"; {s['engine_tokens_processed']} reached the engine"
                            if side == "ours" and s.get("engine_tokens_processed") is not None else "")
-            err = f" (failed: {s['error'].splitlines()[0][:80]})" if s.get("error") else ""
             lines.append(
-                f"| {side}{err} | {_ci(s)} | {_ci(s, 'program_test_')} | {s.get('lm_calls')} | "
+                f"| {side_label(side, s)} | {_ci(s)} | {_ci(s, 'program_test_')} | {s.get('lm_calls')} | "
                 f"{s.get('tokens_processed')} ({split_tokens}{engine_note}) | {_f(s.get('minutes'), '.1f')} | "
                 f"{_f(s.get('prompt_tokens'), '.0f')} | {_f(s.get('instruction_tokens'), '.0f')} | "
                 f"{_f(s.get('ttft_cold_ms'), '.0f')} | {_f(s.get('ttft_warm_ms'), '.0f')} |")
@@ -894,6 +962,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
         kept = " (baseline kept)" if ours["kept_baseline"] else ""
         lines += ["", f"Ours: **{ours['winner']}**{kept}: {ours['reason']}", ""]
         lines += [line for kind in peers if (line := search_line(kind, r["sides"][kind]))]
+        lines += [line for kind in peers if (line := attempts_line(kind, r["sides"][kind]))]
         lines.append("")
     lines += ["## The goal, per spec and peer", "",
               ("Quality at least the peer's (or inside its 95% interval), fewer prompt tokens, lower cold TTFT, at "
@@ -929,7 +998,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
             s = r["sides"][kind]
             extra = f", {s['examples']} demos" if s.get("examples") else ""
             if s.get("error"):
-                lines += [f"**{name} / {kind}**: failed after {s.get('lm_calls')} LM calls:", "", "```text",
+                tries = f"{len(s['attempts'])} attempt(s), " if s.get("attempts") else ""
+                lines += [f"**{name} / {kind}**: failed after {tries}{s.get('lm_calls')} LM calls:", "", "```text",
                           str(s["error"]).strip(), "```", ""]
                 continue
             lines += [f"**{name} / {kind}** ({s.get('instruction_tokens')} tokens{extra}):", "", "```text",

@@ -1,0 +1,124 @@
+"""bench_peers.run_with_retries: a peer that fails on an adapter parse error is retried as a DSPy user would.
+
+Pure: the peer is a fake callable raising DSPy's real ``AdapterParseError`` (built as its
+adapters build it) on its first N attempts; no engine, no LM call.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.bench_peers import RATIO_FIELDS, goal, markdown, run_with_retries
+
+dspy = pytest.importorskip("dspy")
+from dspy.utils.exceptions import AdapterParseError
+
+ADAPTERS = (dspy.JSONAdapter(), dspy.ChatAdapter(use_json_adapter_fallback=False))
+
+
+def parse_error() -> AdapterParseError:
+    """What MIPROv2's instruction proposer raised on invoice_extraction (dspy/adapters/base.py)."""
+    return AdapterParseError(adapter_name="JSONAdapter", signature=dspy.Signature("basic_instruction -> proposed_instruction"),
+                             lm_response="", message="The LM returned an empty or null response.")
+
+
+class FakePeer:
+    """A peer's compile: fails with ``error()`` on its first ``fails`` calls, then returns a program."""
+
+    def __init__(self, fails: int, error=parse_error):
+        self.fails, self.error, self.calls = fails, error, []
+
+    def __call__(self, adapter, seed):
+        self.calls.append((type(adapter).__name__, seed))
+        if len(self.calls) <= self.fails:
+            raise self.error()
+        return f"program({type(adapter).__name__}, {seed})"
+
+
+def tried(record):
+    return [(a["adapter"], a["seed"], a["error_type"]) for a in record["attempts"]]
+
+
+def test_a_first_attempt_that_succeeds_is_the_only_one():
+    peer = FakePeer(0)
+    program, record = run_with_retries(peer, ADAPTERS, seed=9)
+    assert program == "program(JSONAdapter, 9)" and record["adapter"] == "JSONAdapter" and "error" not in record
+    assert tried(record) == [("JSONAdapter", 9, None)] and record["attempts"][0]["seconds"] >= 0
+
+
+def test_a_parse_error_is_retried_with_the_next_seed_then_with_the_other_adapter():
+    peer = FakePeer(1)
+    program, record = run_with_retries(peer, ADAPTERS, seed=9)
+    assert program == "program(JSONAdapter, 10)" and record["adapter"] == "JSONAdapter"
+    assert tried(record) == [("JSONAdapter", 9, "AdapterParseError"), ("JSONAdapter", 10, None)]
+    assert "empty or null response" in record["attempts"][0]["error"]
+
+    peer = FakePeer(2)
+    program, record = run_with_retries(peer, ADAPTERS, seed=9)
+    assert peer.calls == [("JSONAdapter", 9), ("JSONAdapter", 10), ("ChatAdapter", 9)]
+    assert program == "program(ChatAdapter, 9)" and record["adapter"] == "ChatAdapter" and "error" not in record
+    assert tried(record) == [("JSONAdapter", 9, "AdapterParseError"), ("JSONAdapter", 10, "AdapterParseError"),
+                             ("ChatAdapter", 9, None)]
+
+
+def test_a_peer_without_a_seed_goes_straight_to_the_other_adapter():
+    peer = FakePeer(1)
+    _, record = run_with_retries(peer, ADAPTERS, seed=None)
+    assert peer.calls == [("JSONAdapter", None), ("ChatAdapter", None)] and record["adapter"] == "ChatAdapter"
+
+
+def test_an_error_other_than_a_parse_error_is_not_retried():
+    peer = FakePeer(1, error=lambda: RuntimeError("engine died"))
+    program, record = run_with_retries(peer, ADAPTERS, seed=9)
+    assert program is None and peer.calls == [("JSONAdapter", 9)]
+    assert tried(record) == [("JSONAdapter", 9, "RuntimeError")] and record["adapter"] is None
+    assert record["error"] == "RuntimeError: engine died" and "RuntimeError" in record["traceback"]
+
+    # A parse error first, then another error: the other error ends the run.
+    errors = iter([parse_error, lambda: ValueError("bad metric")])
+    peer = FakePeer(3, error=lambda: next(errors)())
+    program, record = run_with_retries(peer, ADAPTERS, seed=9)
+    assert program is None and tried(record) == [("JSONAdapter", 9, "AdapterParseError"), ("JSONAdapter", 10, "ValueError")]
+    assert record["error"] == "ValueError: bad metric"
+
+
+def test_a_peer_failing_every_attempt_gets_a_failure_row():
+    peer = FakePeer(10)
+    program, record = run_with_retries(peer, ADAPTERS, seed=9)
+    assert program is None and len(peer.calls) == 3 and record["adapter"] is None
+    assert [a["error_type"] for a in record["attempts"]] == ["AdapterParseError"] * 3
+    assert record["error"].startswith("AdapterParseError: The LM returned an empty or null response.")
+
+    # The side run_peer makes of it (the record, and the cost of every attempt), in the report.
+    mipro = {"kind": "mipro", **record, "minutes": 7.8, "lm_calls": 240, "tokens_processed": 300000,
+             "prompt_tokens_processed": 290000, "completion_tokens_processed": 10000}
+    ours = {"winner": "v1", "kept_baseline": False, "reason": "better", "lm_calls": 100, "tokens_processed": 1000,
+            "prompt_tokens_processed": 900, "completion_tokens_processed": 100, "engine_tokens_processed": 1000,
+            "stage_tokens": {"distill": 500, "optimize": 500}, "phases": {}, "test_mean": 0.5, "test_ci_low": 0.4,
+            "test_ci_high": 0.6, "test_n": 100, "prompt_tokens": 200, "instruction_tokens": 50, "minutes": 3.0,
+            "ttft_cold_ms": 100.0, "ttft_warm_ms": 50.0}
+    comparison = {**{f"{k}_ours_over_peer": None for k in RATIO_FIELDS}, "goal": goal(ours, mipro)}
+    rows = {"invoice_extraction": {"split": {"train": 100, "dev": 100, "test": 100}, "minutes": 12.0,
+                                   "sides": {"ours": ours, "mipro": mipro}, "comparisons": {"mipro": comparison}}}
+    config = {"peers": ["mipro"], "budget": "quick", "dspy_version": dspy.__version__, "seed": 0,
+              "timing_records": 3, "gepa_objectives": "n/a"}
+    md = markdown(rows, config, 12.0)
+    row = next(line for line in md.splitlines() if line.startswith("| mipro"))
+    assert "failed 3 attempt(s): AdapterParseError: The LM returned an empty or null response." in row
+    assert "| 240 | 300000 (290000 + 10000) |" in row
+    line = next(line for line in md.splitlines() if line.startswith("- mipro:"))
+    assert line.startswith("- mipro: failed all 3 attempt(s); tried (1) JSONAdapter seed 9")
+    assert "(2) JSONAdapter seed 10" in line and "(3) ChatAdapter seed 9" in line
+    assert line.count("AdapterParseError (The LM returned an empty or null response.)") == 3
+    assert "| invoice_extraction | mipro |" in md and "peer failed |" in md
+    assert "**invoice_extraction / mipro**: failed after 3 attempt(s), 240 LM calls:" in md
+
+
+def test_a_peer_that_succeeded_on_the_other_adapter_says_so():
+    from bench.bench_peers import attempts_line, side_label
+
+    _, record = run_with_retries(FakePeer(2), ADAPTERS, seed=0)
+    assert side_label("mipro", record) == "mipro (ChatAdapter, attempt 3)"
+    assert attempts_line("mipro", record).startswith("- mipro: succeeded with ChatAdapter; tried (1) JSONAdapter seed 0")
+    assert side_label("gepa", run_with_retries(FakePeer(0), ADAPTERS, seed=0)[1]) == "gepa"
+    assert attempts_line("gepa", {}) is None  # a report from before the retries
