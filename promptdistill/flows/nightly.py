@@ -4,7 +4,7 @@ The outline (each step a task run in the Prefect UI):
 
 1. start the engine once for the run (or reuse the process's);
 2. TTFT model: refresh it when there is none for this engine identity or it is older
-   than ``ttft_max_age_hours`` (``pipeline.ttft_status``);
+   than ``ttft_max_age_hours`` (``pipeline.ttft_models.ttft_status``);
 3. per spec (one at a time on an in-process engine; side by side with ``parallel=True``
    on the flow's task runner, or with ``dask=...`` on Dask worker processes, a
    ``nightly-specs`` subflow): prepare (validate, hash), distill and optimize (each cached
@@ -47,6 +47,7 @@ from promptdistill.pipeline.jobs import (
 )
 from promptdistill.pipeline.report import endpoint_load_rows, format_summary_table
 from promptdistill.pipeline.session import engine_session
+from promptdistill.pipeline.ttft_models import TTFTFreshness
 
 run_spec_task = task(run_spec, name="spec", cache_policy=NO_CACHE)
 """One spec's chain as a task of its own: what ``parallel=True`` submits to the task runner."""
@@ -69,7 +70,7 @@ def nightly(
     distill: DistillConfig | None = None,
     ttft_budget: TTFTBudget | None = None,
     distill_instructions: bool = True,
-    ttft_max_age_hours: float = 168.0,
+    ttft_max_age_hours: float = TTFTFreshness.max_age_hours,
     allow_promotion: bool = True,
     seed: int = 0,
     prompts_dir: str = "prompts",

@@ -47,7 +47,7 @@ MAX_DEPTH = 64
 _FIELDS = ("id", "split", "inputs")
 _OPTIONAL = ("expected", "meta", "reference")
 """A record without ``expected`` (or with ``null``) is label-free: the search scores
-replies against the baseline prompt's own reply (see :mod:`promptdistill.evaluate.references`)."""
+replies against the baseline prompt's own reply (see :mod:`promptdistill.search.references`)."""
 _MAX_SHOWN = 20
 _CACHE: dict[tuple, pd.DataFrame] = {}
 
