@@ -79,7 +79,7 @@ def judge_server(model_dir):
 
 
 def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_judge_and_traffic(
-        installed, judge_server, tmp_path):
+        installed, judge_server, seed_ttft_model, tmp_path):
     cli = installed / "bin" / "promptdistill"
     project = tmp_path / "team-project"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONPATH": ""}
@@ -98,6 +98,7 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
                             f"[judge]\nbackend = \"server\"\nserver_urls = [\"{judge_server.url}\"]\n"
                             "served_model_name = \"judge\"")
     assert "[judge]\nbackend" in config
+    seed_ttft_model(project / "artifacts" / "registry")
     (project / "promptdistill.toml").write_text(config)
 
     # `prefect deploy` from their folder: the deployments' entrypoints are the installed flows.
@@ -116,6 +117,7 @@ def test_a_project_outside_the_repository_runs_the_nightly_with_its_own_metric_j
                          text=True, timeout=2400)
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "tool_call" in run.stdout
+    assert ": fresh" in run.stdout, run.stdout[-3000:]  # the seeded TTFT model served, no profile
 
     # The service's side: the published template, with this request's schema.
     code = ("import json, sys\n"
