@@ -25,7 +25,7 @@ BENCHMARKS = [
     ["bench.bench_client", "--iterations", "20000"],
     ["bench.bench_dtype", "--records", "48", "--rounds", "2"],
     ["bench.bench_batching", "--requests", "64", "--max-tokens", "24", "--server"],
-    ["bench.bench_prefix_cache", "--records", "5"],
+    ["bench.bench_prefix_cache", "--records", "6", "--repeats", "2"],
     ["bench.bench_ttft_model", "--budget-s", "420"],
     ["bench.bench_optimize", "--budget", "quick"],
     # Ours (the nightly's quick preset) against MIPROv2 and GEPA (auto="light"), three specs.

@@ -122,20 +122,41 @@ def test_bench_batching(tmp_path):
 
 @pytest.mark.engine
 def test_bench_prefix_cache(tmp_path):
-    # An empty registry: the bundled specs (with their examples) are measured.
-    run_bench("bench.bench_prefix_cache", "--records", "2", "--registry", str(tmp_path / "registry"), tmp_path=tmp_path)
+    # ticket_triage's production template is a shorter winner (one rule, one example); the
+    # other specs have none published, so only their baselines are timed.
+    from promptdistill.registry import Registry
+    from promptdistill.specs import examples_for, load_spec, template_content
+
+    spec = load_spec(ROOT / "prompts" / "ticket_triage.yaml")
+    shorter = spec.with_changes(constraints=spec.constraints[:1])
+    Registry(tmp_path / "registry").publish("ticket_triage", template_content(shorter, examples_for(spec)[:1]),
+                                            labels=["production"])
+    run_bench("bench.bench_prefix_cache", "--block-sizes", "32", "--records", "2", "--repeats", "1",
+              "--registry", str(tmp_path / "registry"), tmp_path=tmp_path)
     report = read_report(tmp_path, "prefix_cache")
     check_identity(report["identity"])
-    assert report["templates"], "no template measured"
-    for ref, row in report["templates"].items():
-        numbers(row, ("prompt_tokens", "cold_ttft_ms_p50", "warm_ttft_ms_p50", "warm_over_cold", "cached_share_p50",
-                      "records"), f"{ref}.")
-        assert row["records"] == 2
+    (run,) = report["block_sizes"]
+    assert run["block_size"] == 32 and run["identity"]["block_size"] == 32  # the engine ran with the asked size
+    sides = ("measured_cold_ms", "measured_warm_ms", "static_cached_share", "static_prefix_tokens_timed")
+    for name, row in run["specs"].items():
+        numbers(row["baseline"], sides, f"{name}.baseline.")
+        assert row["baseline"]["timing_n"] == 2 and ("winner" in row) == (name == "ticket_triage"), (name, row)
+    winner, base = run["specs"]["ticket_triage"]["winner"], run["specs"]["ticket_triage"]["baseline"]
+    numbers(winner, sides, "ticket_triage.winner.")
+    assert winner["static_prefix_tokens_timed"] < base["static_prefix_tokens_timed"]
+    # Whole 32-token blocks: a warm request finds its static prefix cached but for less than a block (and
+    # at most a block more where the two records' inputs happen to start alike).
+    for side in (winner, base):
+        static = side["static_prefix_tokens_timed"]
+        assert static - 32 < side["cached_tokens_warm"] < static + 32, side
+    diff = run["specs"]["ticket_triage"]["difference"]
+    numbers(diff, ("measured_cold_diff_ms", "measured_warm_diff_ms", "timing_pairs"), "difference.")
+    assert "| 32 | ticket_triage |" in (tmp_path / "bench" / "prefix_cache.md").read_text()
 
 
 @pytest.mark.engine
 def test_bench_ttft_model(tmp_path):
-    run_bench("bench.bench_ttft_model", "--budget-s", "180", "--points", "10", "--repeats", "1",
+    run_bench("bench.bench_ttft_model", "--budget-s", "120", "--points", "10", "--repeats", "1",
               "--out", str(tmp_path / "profiles"), tmp_path=tmp_path)
     report = read_report(tmp_path, "ttft_model")
     numbers(report, ("budget_s", "points", "repeats"))

@@ -102,6 +102,9 @@ def measure_ttft_interleaved(
     For record i and repeat j the templates are timed cold, then warm, back to back; the
     order of the templates alternates with ``i * repeats + j``.
 
+    Args:
+        model: the TTFT model for ``predicted_ms``; None leaves it NaN.
+
     Returns:
         One row per measurement: template, record_id, repeat, first (did this template
         go first), cache ('cold'/'warm'), ttft_ms, prompt_tokens, cached_tokens,
@@ -146,8 +149,11 @@ def _prediction(engine: Engine, model: Any, t: TimedTemplate, record: Mapping[st
     if t.fewshot_count is not None:
         f["fewshot_count"] = t.fewshot_count
     warm = warm_cached_tokens(f["static_prefix_tokens"], f["total_tokens"], block_tokens)
-    cold_ms, warm_ms = clip_ttft(model.predict_many([{**f, "cached_tokens": 0}, {**f, "cached_tokens": warm}],
-                                                    engine_identity=engine.identity))
+    if model is None:  # measured only (bench_prefix_cache times block sizes no model was fitted for)
+        cold_ms = warm_ms = math.nan
+    else:
+        cold_ms, warm_ms = clip_ttft(model.predict_many([{**f, "cached_tokens": 0}, {**f, "cached_tokens": warm}],
+                                                        engine_identity=engine.identity))
     return {"cold": float(cold_ms), "warm": float(warm_ms), "warm_cached": warm,
             "static_prefix_tokens": int(f["static_prefix_tokens"])}
 
