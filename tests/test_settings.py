@@ -5,7 +5,9 @@ and the field, and each command's ``--help`` shows the default the code uses."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,11 @@ from promptdistill.distill.loop import DistillConfig
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget
+from promptdistill.pipeline.ttft_models import TTFTFreshness
+from promptdistill.search.sequential import PlanAssumption
 from promptdistill.ttft.profile import ProfileConfig
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Field order and defaults as the cache keys and the deployments' parameters hold them.
 DEFAULTS = {
@@ -35,6 +41,8 @@ DEFAULTS = {
                         ladder_tokens=(128, 256, 512, 1024, 2048), queue_batches=((4, 384), (8, 768), (3, 1536)),
                         matmul_probe=True, warmup=3, min_warm_static_tokens=160, new_tokens=1, max_retries=2,
                         max_foreign_cpu_share=0.2, quiet_wait_s=10.0, prompts_dir="prompts", seed=0),
+    PlanAssumption: dict(discordance=0.2),
+    TTFTFreshness: dict(max_age_hours=168.0),
 }
 
 
@@ -121,7 +129,13 @@ FLAGS = [
         ("--spec-records", "spec_records"), ("--density-probe-tokens", "density_probe_tokens"),
         ("--ladder-tokens", "ladder_tokens"), ("--max-retries", "max_retries"), ("--quiet-wait-s", "quiet_wait_s"),
         ("--seed", "seed"))],
+    (["plan"], "--discordance", PlanAssumption, "discordance"),
+    (["nightly"], "--ttft-max-age-hours", TTFTFreshness, "max_age_hours"),
 ]
+
+
+def _declared(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
 def _help(command: list[str], capsys) -> str:
@@ -146,8 +160,20 @@ def _shown(value) -> str:
 @pytest.mark.parametrize("command, flag, cls, name", FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else
                          getattr(v, "__name__", str(v)))
 def test_help_shows_the_default_the_code_uses(command, flag, cls, name, capsys):
-    default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
+    default = _declared(cls, name).default
     assert re.search(rf"default {re.escape(_shown(default))}[;)]", _option_help(_help(command, capsys), flag))
+
+
+NUMBER_FLAGS = [f for f in FLAGS if type(_declared(*f[2:]).default) in (int, float)]
+
+
+@pytest.mark.parametrize("command, flag, cls, name", NUMBER_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list)
+                         else getattr(v, "__name__", str(v)))
+def test_help_follows_a_changed_declaration(command, flag, cls, name, capsys, monkeypatch):
+    # Another declared default shows in the help: no help text states a default of its own.
+    field = _declared(cls, name)
+    monkeypatch.setattr(field, "default", field.default + 7)
+    assert f"default {_shown(field.default)})" in _option_help(_help(command, capsys), flag)
 
 
 def test_the_help_of_unset_settings_says_what_unset_means(capsys):
@@ -170,6 +196,41 @@ def test_flags_reach_the_settings_and_bad_ones_are_config_errors():
         optimize._budget(parser.parse_args(["optimize", "x", "--warm-share", "2"]))
     with pytest.raises(SystemExit):  # a choice is refused while parsing, as argparse's choices are
         parser.parse_args(["optimize", "x", "--ttft", "hot"])
+
+
+class _Stop(Exception):
+    """Ends a command once it has passed on the value under test."""
+
+
+def test_flags_left_out_run_with_the_declared_defaults(monkeypatch):
+    """A flag left out parses as None; the command then runs with the declared default."""
+    import inspect
+
+    import promptdistill.flows.nightly as flows
+    import promptdistill.search.sequential as sequential
+    from promptdistill.cli import distill, nightly, plan
+    from promptdistill.pipeline.console import Terminal
+
+    def stop(seen: dict):
+        def record(*args, **kwargs):
+            seen.update(kwargs)
+            raise _Stop
+        return record
+
+    parser = build_parser()
+    assert distill._config(parser.parse_args(["distill", "x"])) == DistillConfig()
+    max_age = _declared(TTFTFreshness, "max_age_hours").default
+    assert inspect.signature(flows.nightly.fn).parameters["ttft_max_age_hours"].default == max_age
+    passed, planned = {}, {}
+    monkeypatch.setattr(flows, "nightly", stop(passed))
+    with pytest.raises(_Stop):
+        nightly._run(parser.parse_args(["nightly", "--budget", "smoke", "--prompts-dir", str(REPO / "prompts")]),
+                     Terminal(io.StringIO(), io.StringIO(), None))
+    assert passed["ttft_max_age_hours"] == max_age
+    monkeypatch.setattr(sequential, "plan_records", stop(planned))
+    with pytest.raises(_Stop):
+        plan._plan(parser.parse_args(["plan", "ticket_triage", "--prompts-dir", str(REPO / "prompts")]))
+    assert planned["discordance"] == _declared(PlanAssumption, "discordance").default
 
 
 def test_profile_flags_parse_as_their_fields_types():

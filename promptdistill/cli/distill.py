@@ -12,8 +12,7 @@ import sys
 from typing import Any
 
 from promptdistill.cli.search_args import add_search_arguments, budget_values
-from promptdistill.core.settings import (DeclaredHelp, SettingError, SettingsHelpFormatter, add_setting_options,
-                                         setting_values)
+from promptdistill.core.settings import SettingError, SettingsHelpFormatter, add_setting_options, setting_values
 
 __all__ = ["register"]
 
@@ -24,10 +23,7 @@ CONFIG_FLAGS = {"--rounds": "max_rounds"}
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="prune and rewrite a spec's instruction; print clauses, candidates, winner",
                        formatter_class=SettingsHelpFormatter)
-    add_search_arguments(
-        p, calls_help=DeclaredHelp(CONFIG, "max_lm_calls"), minutes_help=DeclaredHelp(CONFIG, "max_minutes"),
-        dev_help=DeclaredHelp(CONFIG, "dev_size"), test_help=DeclaredHelp(CONFIG, "test_size"),
-    )
+    add_search_arguments(p, budget=CONFIG, race=CONFIG)
     add_setting_options(p, CONFIG, CONFIG_FLAGS)
     p.add_argument("--no-ablation", action="store_true", help="score clauses with the judge only")
     p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")

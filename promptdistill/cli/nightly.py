@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from promptdistill.core.env import apply_defaults
+from promptdistill.core.settings import DeclaredHelp, SettingsHelpFormatter
 from promptdistill.pipeline.presets import BUDGET_PRESETS
 
 __all__ = ["register"]
@@ -35,7 +36,8 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
 
-    p = subparsers.add_parser("nightly", help="run the nightly flow (profile if stale, distill, optimize, publish)")
+    p = subparsers.add_parser("nightly", help="run the nightly flow (profile if stale, distill, optimize, publish)",
+                              formatter_class=SettingsHelpFormatter)
     p.add_argument("--specs", help="comma-separated spec names (default: every spec in --prompts-dir)")
     p.add_argument("--budget", choices=sorted(BUDGET_PRESETS), default="quick",
                    help="how much work per spec: " + "; ".join(f"{k}: {v}" for k, v in BUDGET_PRESETS.items()))
@@ -43,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-promote", action="store_true", help="publish as 'candidate' only; never move 'production'")
     p.add_argument("--no-distill", action="store_true", help="skip the distiller (optimize the instruction as written)")
-    p.add_argument("--ttft-max-age-hours", type=float, default=168.0, help="refresh an older TTFT model (default 168)")
+    # Unset: the declared age, read in _run (its module loads pandas, which building the parser must not).
+    p.add_argument("--ttft-max-age-hours", type=float,
+                   help=DeclaredHelp("promptdistill.pipeline.ttft_models:TTFTFreshness", "max_age_hours"))
     # SUPPRESS: `promptdistill --verbose nightly` (the global flag) is not reset by this one's default.
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="show third-party output on the terminal instead of in the log file")
@@ -77,8 +81,10 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     from promptdistill.pipeline.budgets import expected_minutes, stage_settings
     from promptdistill.pipeline.console import ProgressDisplay, RunProgress, listening, plan_night
     from promptdistill.pipeline.jobs import select_spec_files
+    from promptdistill.pipeline.ttft_models import TTFTFreshness
 
     params = stage_settings(args.budget, distill_instructions=not args.no_distill)
+    max_age = TTFTFreshness.max_age_hours if args.ttft_max_age_hours is None else args.ttft_max_age_hours
     specs = [s.strip() for s in args.specs.split(",") if s.strip()] if args.specs else None
     steps = plan_night([p.stem for p in select_spec_files(args.prompts_dir, specs)],
                        ttft_minutes=params["ttft_budget"].minutes,
@@ -93,7 +99,7 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
         display.begin("start-up")
         state = nightly(specs=specs, preset=args.budget, distill_instructions=not args.no_distill,
                         prompts_dir=args.prompts_dir, seed=args.seed, allow_promotion=not args.no_promote,
-                        ttft_max_age_hours=args.ttft_max_age_hours, return_state=True)
+                        ttft_max_age_hours=max_age, return_state=True)
     return state.result(raise_on_failure=False), state
 
 

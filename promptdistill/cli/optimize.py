@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from promptdistill.cli.search_args import add_search_arguments, budget_values
-from promptdistill.core.settings import (DeclaredHelp, SettingError, SettingsHelpFormatter, add_setting_options,
-                                         setting_values)
+from promptdistill.core.settings import SettingError, SettingsHelpFormatter, add_setting_options, setting_values
 
 __all__ = ["register"]
 
@@ -27,10 +26,7 @@ RULE_FLAGS = {"--ttft": "ttft", "--warm-share": "warm_share"}
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="tune few-shot examples and density against quality and predicted TTFT",
                        formatter_class=SettingsHelpFormatter)
-    add_search_arguments(
-        p, calls_help=DeclaredHelp(BUDGET, "max_lm_calls"), minutes_help=DeclaredHelp(BUDGET, "max_minutes"),
-        dev_help=DeclaredHelp(BUDGET, "dev_size"), test_help=DeclaredHelp(BUDGET, "test_size"),
-    )
+    add_search_arguments(p, budget=BUDGET, race=RULE)
     p.add_argument("--distilled", help="the distiller's output folder (its finalists are the instruction variants)")
     add_setting_options(p, RULE, RULE_FLAGS)
     p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")

@@ -13,20 +13,22 @@ from __future__ import annotations
 import argparse
 import json
 
+from promptdistill.core.settings import DeclaredHelp, SettingsHelpFormatter
+
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from promptdistill.pipeline.presets import BUDGET_PRESETS  # no pandas: the parser builds without the pipeline
 
-    p = sub.add_parser("plan", help="how many records a certified decision needs for a spec (no LM calls)")
+    p = sub.add_parser("plan", help="how many records a certified decision needs for a spec (no LM calls)",
+                       formatter_class=SettingsHelpFormatter)
     p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
     p.add_argument("--prompts-dir", default="prompts")
     p.add_argument("--budget", default="full", choices=list(BUDGET_PRESETS),
                    help="the night's preset whose race is planned (default %(default)s, as the deployment runs)")
     p.add_argument("--discordance", type=float, default=None,
-                   help="assumed share of records where candidate and baseline differ (default 0.2, "
-                        "search.sequential.DEFAULT_DISCORDANCE)")
+                   help=DeclaredHelp("promptdistill.search.sequential:PlanAssumption", "discordance"))
     p.add_argument("--alpha", type=float, default=None, help="family-wise error rate of the race (default: the preset's)")
     p.add_argument("--finalists", type=int, default=None, help="candidates raced, alpha split among them (default: the preset's)")
     p.add_argument("--dev", type=int, default=None, help="dev records the search may use (default: the preset's)")
@@ -38,7 +40,7 @@ def _plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from promptdistill.pipeline.budgets import stage_settings
-    from promptdistill.search.sequential import DEFAULT_DISCORDANCE, plan_records
+    from promptdistill.search.sequential import PlanAssumption, plan_records
     from promptdistill.search.splits import split_records
     from promptdistill.specs.load import load_spec
 
@@ -49,7 +51,7 @@ def _plan(args: argparse.Namespace) -> int:
     finalists = rule.finalists if args.finalists is None else args.finalists
     dev = budget.dev_size if args.dev is None else args.dev
     splits = split_records(spec, seed=0, screen_size=budget.screen_size, dev_size=dev, test_size=10**9)
-    discordance = DEFAULT_DISCORDANCE if args.discordance is None else args.discordance
+    discordance = PlanAssumption.discordance if args.discordance is None else args.discordance
     plan = plan_records(len(splits.certify), discordance=discordance, margin=spec.slo.max_quality_drop,
                         alpha=alpha / finalists, discrete=spec.metric.discrete, first_look=rule.first_look,
                         basis="assumed")

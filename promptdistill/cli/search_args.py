@@ -9,27 +9,29 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from promptdistill.core.settings import DeclaredHelp
+
 __all__ = ["add_search_arguments", "budget_values"]
 
 
-def add_search_arguments(
-    p: argparse.ArgumentParser, *, calls_help: str, minutes_help: str, dev_help: str, test_help: str
-) -> None:
+def add_search_arguments(p: argparse.ArgumentParser, *, budget: str, race: str) -> None:
     """Add the spec name, ``--prompts-dir``, ``--seed`` and the budget flags to ``p``.
 
-    The help texts are the caller's: each search has its own defaults and meaning of a budget.
+    ``budget`` and ``race`` are the settings classes (``"package.module:Class"``) that declare
+    the budget flags' and the race flags' (``--alpha``, ``--finalists``) fields: each search
+    has its own defaults and meaning of a budget, and each flag's help is its declaration's.
+    The flags stay None when left out, so the declared default applies.
     """
     p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
     p.add_argument("--prompts-dir", default="prompts")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-calls", type=int, help=calls_help)
-    p.add_argument("--budget-minutes", type=float, help=minutes_help)
-    p.add_argument("--dev", type=int, help=dev_help)
-    p.add_argument("--test", type=int, help=test_help)
-    p.add_argument("--screen", type=int, help="dev records that screen candidates (default 16; never used to certify)")
-    p.add_argument("--alpha", type=float, help="chance of certifying any finalist that is worse than the allowed "
-                   "drop (default 0.1)")
-    p.add_argument("--finalists", type=int, help="candidates raced after screening (default 3)")
+    p.add_argument("--budget-calls", type=int, help=DeclaredHelp(budget, "max_lm_calls"))
+    p.add_argument("--budget-minutes", type=float, help=DeclaredHelp(budget, "max_minutes"))
+    p.add_argument("--dev", type=int, help=DeclaredHelp(budget, "dev_size"))
+    p.add_argument("--test", type=int, help=DeclaredHelp(budget, "test_size"))
+    p.add_argument("--screen", type=int, help=DeclaredHelp(budget, "screen_size"))
+    p.add_argument("--alpha", type=float, help=DeclaredHelp(race, "alpha"))
+    p.add_argument("--finalists", type=int, help=DeclaredHelp(race, "finalists"))
 
 
 def budget_values(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import pandas as pd
 
 from promptdistill.core.errors import IntegrityError, PromptDistillError, TemplateNotFoundError
 from promptdistill.core.jsonio import atomic_write, json_safe
+from promptdistill.core.settings import check, setting
 from promptdistill.engine.base import EngineIdentity
 from promptdistill.pipeline.report import ttft_report_markdown
 from promptdistill.registry.store import Registry
@@ -40,6 +41,7 @@ from promptdistill.ttft.noise import noise_floor
 
 __all__ = [
     "TTFT_ARTIFACT_KIND",
+    "TTFTFreshness",
     "TTFTStatus",
     "after_failed_refresh",
     "fit_and_publish",
@@ -72,6 +74,17 @@ class TTFTStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TTFTFreshness:
+    """How old a TTFT model may get before a run refreshes it (the nightly's ``ttft_max_age_hours``)."""
+
+    # No bound, as the flag never had one: 0 or less refreshes at every run.
+    max_age_hours: float = setting(168.0, "refresh an older TTFT model")
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def ttft_status(

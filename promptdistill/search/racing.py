@@ -58,9 +58,9 @@ from promptdistill.core.stats import paired_diffs
 from promptdistill.evaluate.evaluator import EvalReport
 from promptdistill.search.budget import Budget
 from promptdistill.search.sequential import (
-    DEFAULT_DISCORDANCE,
     PLAN_CONFIDENCE,
     Plan,
+    PlanAssumption,
     discordance_upper_bound,
     looks,
     make_test,
@@ -470,7 +470,7 @@ def plan_from_screen(baseline: Candidate, finalists: Sequence[Candidate], *, poo
                 squares += (paired_diffs(cand.screen.scores, baseline.screen.scores[: cand.screen.n]) ** 2).tolist()
     bound = discordance_upper_bound(sum(squares), len(squares))
     if bound is None:
-        discordance, basis = DEFAULT_DISCORDANCE, "assumed: no screen pairs"
+        discordance, basis = PlanAssumption.discordance, "assumed: no screen pairs"
     else:
         discordance = bound
         basis = (f"the upper {PLAN_CONFIDENCE:.0%} bound from {sum(squares):.3g} discordance in "

@@ -56,6 +56,7 @@ import numpy as np
 from scipy import optimize as sopt
 from scipy import stats
 
+from promptdistill.core.settings import check, setting
 from promptdistill.search import group_sequential as gs
 
 __all__ = [
@@ -221,8 +222,18 @@ PLAN_POWER = 0.8
 """Plans say what a race achieves in 4 runs out of 5 for a candidate exactly as good as the baseline."""
 PLAN_CONFIDENCE = 0.9
 """Plans assume the discordance at the upper 90% bound of what the screen records show."""
-DEFAULT_DISCORDANCE = 0.2
-"""Discordance assumed when nothing was measured (``promptdistill plan``'s default)."""
+
+
+@dataclass(frozen=True)
+class PlanAssumption:
+    """What a plan assumes when nothing was measured (``promptdistill plan``, a race whose screen
+    gave no pairs)."""
+
+    discordance: float = setting(0.2, "assumed share of records where candidate and baseline differ",
+                                 at_least=0, at_most=1)
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def discordance_upper_bound(discordant: float, n: int, *, confidence: float = PLAN_CONFIDENCE) -> float | None:
