@@ -29,7 +29,7 @@ from promptdistill.optimize import (
     expected_ttft,
     instruction_variants,
     optimize,
-    pareto_front,
+    pareto_mask,
     token_budget,
     warm_cached_tokens,
 )
@@ -57,22 +57,15 @@ def test_bootstrap_ci_brackets_the_mean():
 # --- Pareto front ------------------------------------------------------------------------
 
 
-def test_pareto_front_keeps_only_non_dominated_points_sorted_by_cost():
-    df = pd.DataFrame({
-        "candidate_id": list("abcdef"),
-        "quality": [0.5, 0.7, 0.6, 0.9, 0.9, np.nan],
-        "ttft_warm_ms": [100, 200, 300, 400, 500, 50],
-    })
-    front = pareto_front(df)
-    assert front["candidate_id"].tolist() == ["a", "b", "d"]  # c dominated by b, e by d, f has no quality
-    shuffled = df.sample(frac=1.0, random_state=0)
-    assert pareto_front(shuffled)["candidate_id"].tolist() == ["a", "b", "d"]
-    by_cold = pareto_front(df.assign(cold=[500, 100, 50, 600, 700, 10]), cost="cold")
-    assert by_cold["candidate_id"].tolist() == ["c", "b", "d"]
+def test_pareto_mask_keeps_only_non_dominated_points():
+    quality = [0.5, 0.7, 0.6, 0.9, 0.9, np.nan]
+    # c dominated by b, e by d, f has no quality
+    assert pareto_mask(quality, [100, 200, 300, 400, 500, 50]).tolist() == [True, True, False, True, False, False]
+    assert pareto_mask(quality, [500, 100, 50, 600, 700, 10]).tolist() == [False, True, True, True, False, False]
 
 
-def test_pareto_front_of_an_empty_frame_is_empty():
-    assert pareto_front(pd.DataFrame({"quality": [], "ttft_warm_ms": []})).empty
+def test_pareto_mask_of_no_points_is_empty():
+    assert pareto_mask([], []).tolist() == []
 
 
 # --- the selection rule ------------------------------------------------------------------

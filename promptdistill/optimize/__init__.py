@@ -24,7 +24,6 @@ from promptdistill.optimize.select import (
     SelectionRule,
     TokenBudget,
     expected_ttft,
-    pareto_front,
     pareto_mask,
     token_budget,
 )
@@ -44,7 +43,6 @@ __all__ = [
     "fixed_subsets",
     "instruction_variants",
     "optimize",
-    "pareto_front",
     "pareto_mask",
     "per_request_spec",
     "prefix_block_tokens",

@@ -18,9 +18,7 @@ from typing import Any
 
 from promptdistill.search.racing import Candidate
 
-__all__ = ["STRATEGIES", "ExampleCandidate"]
-
-STRATEGIES = ("baseline", "none", "fixed", "similar")
+__all__ = ["ExampleCandidate"]
 
 
 @dataclass(eq=False, kw_only=True)

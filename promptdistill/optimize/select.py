@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 
 from promptdistill.core.settings import check, setting
 
@@ -38,7 +37,6 @@ __all__ = [
     "SelectionRule",
     "TokenBudget",
     "expected_ttft",
-    "pareto_front",
     "pareto_mask",
     "token_budget",
     "unmeasured_quality",
@@ -122,20 +120,6 @@ def pareto_mask(quality: Sequence[float], cost: Sequence[float]) -> np.ndarray:
         dominated = ok & (c <= c[i]) & (q >= q[i]) & ((c < c[i]) | (q > q[i]))
         mask[i] = not dominated.any()
     return mask
-
-
-def pareto_front(df: pd.DataFrame, *, quality: str = "quality", cost: str = "ttft_warm_ms") -> pd.DataFrame:
-    """The rows of ``df`` on the quality-vs-cost Pareto front, sorted by cost (lowest first).
-
-    Example:
-        >>> df = pd.DataFrame({"quality": [0.5, 0.7, 0.6], "ttft_warm_ms": [100, 200, 300]})
-        >>> pareto_front(df).index.tolist()
-        [0, 1]
-    """
-    if df.empty:
-        return df.copy()
-    mask = pareto_mask(df[quality].astype(float).to_numpy(), df[cost].astype(float).to_numpy())
-    return df.loc[mask].sort_values([cost, quality], ascending=[True, False])
 
 
 @dataclass(frozen=True)
