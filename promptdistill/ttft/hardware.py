@@ -67,9 +67,6 @@ class MatmulPeak:
     by_kernel: dict[str, float] | None = None
     """The best rate of each kernel tried (GFLOP/s)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def columns(self) -> dict[str, Any]:
         """The figures as profile-row columns (``hw_*``)."""
         return {"hw_matmul_gflops": self.gflops, "hw_matmul_threads": self.threads,

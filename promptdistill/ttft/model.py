@@ -49,10 +49,9 @@ from promptdistill.ttft.estimators import (
 )
 from promptdistill.ttft.fit import OPTIONAL_INPUTS, identity_of
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "TTFTModel", "feature_row"]
+__all__ = ["FORMAT", "TTFTModel", "feature_row"]
 
 FORMAT = "promptdistill.ttft-model"
-FORMAT_VERSION = 2
 _FEATURES_OF_VERSION = {1: BASE_FEATURES, 2: MODEL_FEATURES}
 _JSON = "model.json"
 _SKOPS = "estimator.skops"
