@@ -33,7 +33,3 @@ class CallMeter(EngineWrapper):
         self.prompt_tokens += sum(r.prompt_tokens for r in results)
         self.completion_tokens += sum(r.completion_tokens for r in results)
         return results
-
-    def counts(self) -> dict[str, int]:
-        """The counters as a dict (for reports)."""
-        return {"lm_calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
