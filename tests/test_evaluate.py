@@ -37,7 +37,6 @@ def test_one_batch_per_evaluation_with_scores_in_record_order():
     assert report.completion_tokens == [2, 2, 2]  # '{"label": "..."}': two whitespace tokens each
     assert report.truncated == [False, False, False]
     assert report.prompt_tokens > 0 and report.n == report.n_scored == 3
-    assert report.summary()["completion_tokens"] == 6 and report.summary()["lm_calls"] == 3
 
 
 def test_requests_are_rendered_by_spec_messages_and_constrained():

@@ -120,15 +120,6 @@ class EvalReport:
             truncated=self.truncated[:n], equivalence=None if self.equivalence is None else self.equivalence[:n],
         )
 
-    def summary(self) -> dict[str, Any]:
-        """The headline numbers as a flat dict."""
-        return {
-            "spec": self.spec_name, "n": self.n, "n_scored": self.n_scored, "mean": self.mean,
-            "valid_json_rate": self.valid_json_rate, "equivalence": self.equivalence_mean,
-            "prompt_tokens": self.prompt_tokens, "completion_tokens": sum(self.completion_tokens),
-            "lm_calls": self.lm_calls,
-        }
-
 
 @dataclass(frozen=True)
 class EvalItem:
