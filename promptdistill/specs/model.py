@@ -45,8 +45,6 @@ __all__ = ["ExamplesConfig", "MetricSpec", "Slo", "Spec", "rules_block", "spec_e
 
 RULES_HEADER = "Rules:"
 """Heading of the constraints block, in the system text and in ``instruction_text()``."""
-METRIC_KINDS = ("exact", "json_field", "numeric", "contains", "judge_rubric")
-SELECTIONS = ("first", "random", "balanced", "fixed")
 
 
 @dataclass(frozen=True)
