@@ -6,14 +6,14 @@ each bundled spec, the baseline (the spec as written, with its examples) and, wh
 registry's ``production`` template differs from it, the published winner are timed with
 ``optimize.verify.measure_ttft_interleaved`` (per record and repeat: cold, then warm
 after another record primed the static part, both templates back to back, the order
-alternating), on the in-process engine at each ``--block-sizes`` value, one engine (a
+alternating), on the in-process engine at each ``--block-sizes`` value (multiples of 32 on the CPU build), one engine (a
 child process) at a time. Reported per block size and spec: each side's mean cold and warm
 TTFT, the share of its static prefix a warm request found cached, and the winner minus
 baseline median paired difference with its 95% bootstrap interval
 (``optimize.verify.ttft_difference``).
 
 Usage:
-    python -m bench.bench_prefix_cache [--block-sizes 16,32,128] [--records 6] [--repeats 2]
+    python -m bench.bench_prefix_cache [--block-sizes 32,64,128] [--records 6] [--repeats 2]
         [--registry artifacts/registry]
 """
 
@@ -142,8 +142,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--block-sizes", default="16,32,128",
-                   help="comma-separated KV block sizes in tokens; 'default' is vLLM's own (default 16,32,128)")
+    p.add_argument("--block-sizes", default="32,64,128",
+                   help="comma-separated KV block sizes in tokens; 'default' is vLLM's own; the CPU build's "
+                        "attention takes multiples of 32 only (default 32,64,128)")
     p.add_argument("--records", type=int, default=6, help="test records per spec (default 6)")
     p.add_argument("--repeats", type=int, default=2, help="timings per record, template and cache state (default 2)")
     p.add_argument("--registry", default=str(load_settings().registry))

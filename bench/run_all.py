@@ -50,7 +50,7 @@ DEFAULT = [
     Benchmark("bench.bench_batching", ("--requests", "64", "--max-tokens", "24", "--server"), 4.0),
     # estimate: 3 engine processes (2.1 min) + ~1.2 min a block size for 5 specs x 2 templates x
     # 4 records x 2 repeats, cold and warm (TTFT 85-840 ms, docs/bench/prefix_cache.md).
-    Benchmark("bench.bench_prefix_cache", ("--block-sizes", "16,32,128", "--records", "4", "--repeats", "2"), 6.0),
+    Benchmark("bench.bench_prefix_cache", ("--block-sizes", "32,64,128", "--records", "4", "--repeats", "2"), 6.0),
     # estimate: the 4-minute profile + start-up + fit and cross-validation (make run's own
     # 4.5-minute profile and fit took 4.7, README).
     Benchmark("bench.bench_ttft_model", ("--budget-s", "240"), 6.0),
