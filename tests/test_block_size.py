@@ -156,11 +156,28 @@ def test_block_size_in_the_config_file_and_the_environment(tmp_path):
         load_settings(toml, env={})
 
 
-def test_the_launcher_passes_the_block_size_to_vllm(tmp_path):
+def test_the_launcher_passes_the_block_size_to_vllm(tmp_path, monkeypatch):
+    import promptdistill.core.config as config_module
+
     log = tmp_path / "server.log"
-    assert "--block-size" not in VLLMServer("model", EngineConfig(), port=8001, log_path=log).command()
     cmd = VLLMServer("model", EngineConfig(block_size=64), port=8001, log_path=log).command()
     assert cmd[cmd.index("--block-size") + 1] == "64"
+    # Unset: 32 on a CPU build (vLLM's own CPU default is 128), vLLM's default on a GPU.
+    monkeypatch.setattr(config_module, "has_gpu", lambda: False)
+    cmd = VLLMServer("model", EngineConfig(), port=8001, log_path=log).command()
+    assert cmd[cmd.index("--block-size") + 1] == str(config_module.CPU_BLOCK_SIZE) == "32"
+    monkeypatch.setattr(config_module, "has_gpu", lambda: True)
+    assert "--block-size" not in VLLMServer("model", EngineConfig(), port=8001, log_path=log).command()
+    assert "--block-size" in VLLMServer("model", EngineConfig(block_size=16), port=8001, log_path=log).command()
+
+
+def test_the_block_size_an_engine_starts_with():
+    from promptdistill.core.config import CPU_BLOCK_SIZE, block_size_to_start
+
+    assert block_size_to_start(EngineConfig(), gpu=False) == CPU_BLOCK_SIZE == 32
+    assert block_size_to_start(EngineConfig(), gpu=True) is None
+    assert block_size_to_start(EngineConfig(block_size=128), gpu=False) == 128
+    assert block_size_to_start(EngineConfig(block_size=64), gpu=True) == 64
 
 
 def test_the_block_size_is_part_of_the_engine_identity():
@@ -244,7 +261,8 @@ def test_the_in_process_engine_reports_its_block_size(engine):
     from promptdistill.ttft.engine_info import engine_block_size, engine_mechanics
 
     size = engine.identity.block_size
-    assert size == engine._llm.llm_engine.vllm_config.cache_config.block_size == 128  # the CPU build's
+    # promptdistill's CPU default, not vLLM's (128): the engine ran with what it was given.
+    assert size == engine._llm.llm_engine.vllm_config.cache_config.block_size == 32
     assert engine_block_size(engine) == prefix_block_tokens(engine) == engine_mechanics(engine)["block_tokens"] == size
 
 
@@ -278,8 +296,8 @@ def test_a_vllm_server_reports_its_block_size_and_the_optimizer_uses_it(model_di
 
 @pytest.mark.server
 @pytest.mark.engine
-def test_a_default_cpu_server_serves_128_token_blocks(model_dir):
+def test_a_cpu_server_started_with_the_defaults_serves_32_token_blocks(model_dir):
     config = EngineConfig(max_model_len=2048)
     with VLLMServer(model_dir, config, startup_timeout_s=420) as server:
         engine = ServerEngine(replace(config, backend="server", server_urls=(server.url,)))
-        assert engine.identity.block_size == 128 == served_block_size(server.url)
+        assert engine.identity.block_size == 32 == served_block_size(server.url)

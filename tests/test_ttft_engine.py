@@ -56,13 +56,13 @@ def test_profile_has_one_row_per_measurement_and_every_column(profile):
 
 def test_profile_records_the_engine_mechanics_and_the_hardware(profile):
     df = profile.frame
-    # vLLM's CPU build: 128-token cache blocks, 4096-token prefill chunks in-process.
-    assert (df["cache_block_tokens"] == 128).all() and (df["prefill_chunk_tokens"] == 4096).all()
+    # The CPU build as promptdistill starts it: 32-token cache blocks (CPU_BLOCK_SIZE), 4096-token prefill chunks in-process.
+    assert (df["cache_block_tokens"] == 32).all() and (df["prefill_chunk_tokens"] == 4096).all()
     assert (df["hw_matmul_gflops"] > 0).all() and df["hw_matmul_gflops"].nunique() == 1
     assert df["hw_matmul_gflops"].iloc[0] == max(df["hw_matmul_gflops_start"].iloc[0], df["hw_matmul_gflops_end"].iloc[0])
     assert df["model_matmul_params"].iloc[0] == 106_168_320  # SmolLM2-135M
     warm = df[df["cached_tokens"] > 0]
-    assert (warm["cached_tokens"] % 128 == 0).all()
+    assert (warm["cached_tokens"] % 32 == 0).all()  # whole blocks only
 
 
 def test_queue_rows_record_what_arrived_ahead(profile):
@@ -155,7 +155,7 @@ def test_profile_and_model_through_a_server(model_dir, tmp_path):
         assert set(df["design"]) == {"sweep", "ladder", "spec"}
         assert (df["engine_backend"] == "vllm-server").all()
         # From the server's /server_info: the API server's chunk is 2048 tokens on the CPU build.
-        assert (df["cache_block_tokens"] == 128).all() and (df["prefill_chunk_tokens"] == 2048).all()
+        assert (df["cache_block_tokens"] == 32).all() and (df["prefill_chunk_tokens"] == 2048).all()
         assert df["foreign_cpu_share"].notna().all()  # the server's CPU time is ours, not contention
         registry = Registry(str(tmp_path / "registry"))
         fit_and_publish(registry, df, report_dir=tmp_path / "reports", keep_contended=True)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from promptdistill.core.config import EngineConfig
+from promptdistill.core.config import EngineConfig, block_size_to_start
 from promptdistill.core.errors import EngineUnavailableError
 
 __all__ = ["VLLMServer", "free_port"]
@@ -80,8 +80,9 @@ class VLLMServer:
         ]
         if self.config.enforce_eager:
             cmd.append("--enforce-eager")
-        if self.config.block_size is not None:
-            cmd += ["--block-size", str(self.config.block_size)]
+        block_size = block_size_to_start(self.config)
+        if block_size is not None:
+            cmd += ["--block-size", str(block_size)]
         return cmd
 
     def start(self, *, wait: bool = True) -> "VLLMServer":

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from promptdistill.core.config import EngineConfig
+from promptdistill.core.config import EngineConfig, block_size_to_start, has_gpu
 from promptdistill.core.errors import EngineError, EngineTimeoutError, ModelNotFoundError, PromptTooLongError
 from promptdistill.engine.base import (
     Engine,
@@ -76,10 +76,11 @@ class LocalEngine(Engine):
             # Per-request timing (RequestOutput.metrics) is only collected with stats on.
             disable_log_stats=False,
         )
-        if _has_gpu():
+        if has_gpu():
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-        if config.block_size is not None:
-            kwargs["block_size"] = config.block_size
+        block_size = block_size_to_start(config)
+        if block_size is not None:
+            kwargs["block_size"] = block_size
         try:
             with _hide_modules_that_break_scans():
                 self._llm = LLM(**kwargs)
@@ -102,7 +103,7 @@ class LocalEngine(Engine):
         try:
             return int(self._llm.llm_engine.vllm_config.cache_config.block_size)
         except (AttributeError, TypeError, ValueError):
-            return self.config.block_size
+            return block_size_to_start(self.config)
 
     # -- tokenization -------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[Message]) -> str:
@@ -247,11 +248,3 @@ def _hide_modules_that_break_scans() -> Iterator[None]:
     finally:
         sys.modules.update(hidden)
 
-
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False

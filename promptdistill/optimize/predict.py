@@ -9,8 +9,9 @@ model's tokenizer and chat template). Two predictions per prompt:
   always computes the last prompt token, so
   ``cached_tokens = block * floor(min(static_prefix_tokens, total_tokens - 1) / block)``
   (``ttft.estimators.warm_cached_tokens``, the rule the TTFT model applies too), with
-  the engine's own block size (``ttft.engine_info.engine_block_size``: 128 on the CPU
-  build, in-process or through a server; 16 by default on GPUs).
+  the engine's own block size (``ttft.engine_info.engine_block_size``: 32 on the CPU
+  build as promptdistill starts it, 128 on a CPU server started with vLLM's defaults,
+  16 by default on GPUs).
 
 Per-request examples sit after the first input (``{fewshot}`` leads the user part), so
 their tokens are never in the static prefix: their warm and cold predictions are close,

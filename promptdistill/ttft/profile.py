@@ -114,7 +114,7 @@ class ProfileConfig:
                                                          "as (requests, tokens each); in-process only")
     matmul_probe: bool = setting(True, "measure the machine's matmul peak before and after (about 10 s each)")
     warmup: int = setting(3, "requests run and discarded before measuring", at_least=0)
-    # The CPU build caches whole 128-token blocks.
+    # vLLM caches whole blocks (32 tokens on the CPU build as promptdistill starts it, 128 as vLLM does).
     min_warm_static_tokens: int = setting(160, "measure a warm variant only when the static part has at least "
                                           "this many tokens")
     new_tokens: int = setting(1, "tokens generated per request (1: prefill only)")
