@@ -12,13 +12,20 @@ no batch can finish faster than ``FLOPs / peak``: so the batched/serial ratio is
 ``serial time / (FLOPs / peak)``, one over the serial run's share of the peak. A target
 above that ceiling (5x was the guess) cannot be met on this machine by batching alone.
 
+``--block-sizes`` also times the batched workload at each KV block size, one in-process
+engine per size in this process, the sizes alternating: the throughput side of the block
+size, whose warm-TTFT side ``bench_prefix_cache`` measures (requests of one template share
+their static prefix, so smaller blocks let a batch reuse more of it).
+
 Usage:
-    python -m bench.bench_batching [--requests 32] [--max-tokens 24] [--server]
+    python -m bench.bench_batching [--requests 32] [--max-tokens 24] [--server] [--block-sizes 32,128]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import statistics
 import time
 from dataclasses import replace
 
@@ -106,6 +113,45 @@ def compare(engine, requests, *, flops: ModelFlops | None = None, peak_gflops: f
     return out
 
 
+def compare_block_sizes(config, requests, sizes: list[int], *, repeats: int = 3, cold_requests: int = 10) -> dict:
+    """The same batched workload on one in-process engine per KV block size, in this process,
+    the sizes alternating (ABBA: drift and contention hit every size alike). Per size: the
+    median wall time of the batch and its requests/s, the ratio to the last size (vLLM's CPU
+    default, 128, when listed last), and the median cold TTFT of single requests (prefix cache
+    reset before each)."""
+    walls: dict[int, list[float]] = {b: [] for b in sizes}
+    cold: dict[int, list[float]] = {b: [] for b in sizes}
+    completion: dict[int, int] = {}
+    with contextlib.ExitStack() as stack:
+        engines = {b: stack.enter_context(load_engine(replace(config, backend="local", block_size=b))) for b in sizes}
+        for engine in engines.values():
+            engine.generate(requests[:2])  # warm-up, discarded
+        for rep in range(repeats):
+            for b in (sizes if rep % 2 == 0 else sizes[::-1]):
+                engine = engines[b]
+                engine.reset_prefix_cache()
+                start = time.perf_counter()
+                results = engine.generate(requests)
+                walls[b].append(time.perf_counter() - start)
+                completion[b] = sum(r.completion_tokens for r in results)
+                for r in requests[:cold_requests]:
+                    engine.reset_prefix_cache()
+                    cold[b].append(engine.generate([r])[0].ttft_ms)
+        identities = {b: engines[b].identity.block_size for b in sizes}
+    ref = statistics.median(walls[sizes[-1]])
+    return {
+        "requests": len(requests), "repeats": repeats, "cold_requests": cold_requests,
+        "sizes": [{
+            "block_size": b, "engine_block_size": identities[b],
+            "wall_s": [round(w, 2) for w in walls[b]], "median_wall_s": round(statistics.median(walls[b]), 2),
+            "requests_per_s": round(len(requests) / statistics.median(walls[b]), 3),
+            "wall_ratio_to_last": round(statistics.median(walls[b]) / ref, 3),
+            "completion_tokens": completion[b],
+            "cold_ttft_ms": summary_ms(cold[b]),
+        } for b in sizes],
+    }
+
+
 def hardware(config) -> tuple[ModelFlops | None, dict]:
     """The model's arithmetic and this machine's matmul peak, measured here before the engine starts."""
     try:
@@ -124,7 +170,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--server", action="store_true", help="also measure concurrent server requests")
+    p.add_argument("--block-sizes", default="32,128",
+                   help="also time the batched workload on one engine per KV block size, alternating "
+                        "(comma-separated; the last is the reference; empty: skip)")
+    p.add_argument("--repeats", type=int, default=3, help="batched runs per block size")
     args = p.parse_args(argv)
+    sizes = [int(b) for b in args.block_sizes.split(",") if b.strip()]
 
     config = load_settings().engine
     requests = workload(args.requests, args.max_tokens)
@@ -140,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
             server_config = replace(config, backend="server", server_urls=(server.url,),
                                     max_concurrency=args.requests)
             result["server"] = compare(ServerEngine(server_config), requests, flops=flops, peak_gflops=hw["matmul_gflops"])
+    if sizes:
+        result["block_sizes"] = compare_block_sizes(config, requests, sizes, repeats=args.repeats)
     md = ["# Engine batching", "",
           f"Matmul peak {hw['matmul_gflops']} GFLOP/s ({hw['matmul_threads']} threads, measured in this process); "
           f"the ceiling is the ratio the compute limit allows (serial time over FLOPs / peak).", "",
@@ -154,6 +207,19 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{r['throughput_ratio']}x | {c.get('ceiling_ratio', 'n/a')}x | "
                       f"{r['serial']['share_of_peak']} / {r['batched']['share_of_peak']} | "
                       f"{r['batched']['latency_ms']['p50']} / {r['batched']['latency_ms']['p95']} |")
+    if sizes:
+        bs = result["block_sizes"]
+        md += ["", "## KV block size", "",
+               f"The batched workload ({bs['requests']} requests, prefix cache reset before each run) on one "
+               f"in-process engine per block size in this process, the sizes alternating, {bs['repeats']} runs "
+               f"each; cold TTFT: {bs['cold_requests']} single requests per run, the cache reset before each.", "",
+               f"| block | median batch s (runs) | req/s | batch time / block {sizes[-1]} | completion tokens | "
+               "cold TTFT p50 ms |",
+               "|---|---|---|---|---|---|"]
+        for r in bs["sizes"]:
+            md.append(f"| {r['block_size']} (engine: {r['engine_block_size']}) | {r['median_wall_s']} "
+                      f"({', '.join(map(str, r['wall_s']))}) | {r['requests_per_s']} | {r['wall_ratio_to_last']} | "
+                      f"{r['completion_tokens']} | {r['cold_ttft_ms']['p50']} |")
     write_report("batching", result, "\n".join(md) + "\n")
     return result
 

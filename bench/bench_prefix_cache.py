@@ -1,6 +1,7 @@
 """The prefix cache and the KV block size: warm and cold TTFT of each baseline and its winner.
 
-vLLM caches whole KV blocks (128 tokens on the CPU build, 16 on GPUs by default), so a
+vLLM caches whole KV blocks (by default 128 tokens on the CPU build, 16 on GPUs; promptdistill
+starts the CPU build with 32, ``core.config.CPU_BLOCK_SIZE``), so a
 warm request recomputes the tail of the static prefix that does not fill a block. For
 each bundled spec, the baseline (the spec as written, with its examples) and, when the
 registry's ``production`` template differs from it, the published winner are timed with
@@ -85,8 +86,9 @@ def one_block_size(block: int | None, registry_root: str, n_records: int, repeat
             templates = [TimedTemplate("baseline", base, spec, examples, recs)]
             winner = published.get(spec.name)
             if winner and (winner["system"], winner["user"]) != (base["system"], base["user"]):
-                check_rendering(winner, content_spec(spec, winner), (), recs)
-                templates.append(TimedTemplate("winner", winner, content_spec(spec, winner), (), recs))
+                winner_spec = content_spec(spec, winner)
+                check_rendering(winner, winner_spec, (), recs)
+                templates.append(TimedTemplate("winner", winner, winner_spec, (), recs))
             rows = measure_ttft_interleaved(engine, templates, model=None, n=n_records, repeats=repeats,
                                             block_tokens=out["block_size"])
             row: dict[str, Any] = {t.label: timing_summary(rows, t.label, ASSUMED_WARM_SHARE) for t in templates}

@@ -46,8 +46,9 @@ DEFAULT = [
     # estimate: 4 engine processes (2.8 min of start-up) + half the evaluation measured at 48
     # records (docs/bench/dtype.json: 52 s float32 + 33 s bfloat16 a round, x 2 rounds / 2).
     Benchmark("bench.bench_dtype", ("--records", "24", "--rounds", "2"), 4.0),
-    # estimate: the timed runs took 111 s (docs/bench/batching.json, 656d49e) + engine and server start.
-    Benchmark("bench.bench_batching", ("--requests", "64", "--max-tokens", "24", "--server"), 4.0),
+    # estimate: the timed runs took 111 s (docs/bench/batching.json, 656d49e) + engine and server start,
+    # + the block sizes 32 and 128 (two more engines, 3 batched runs each: ~1.5 min).
+    Benchmark("bench.bench_batching", ("--requests", "64", "--max-tokens", "24", "--server"), 5.5),
     # estimate: 3 engine processes (2.1 min) + ~1.2 min a block size for 5 specs x 2 templates x
     # 4 records x 2 repeats, cold and warm (TTFT 85-840 ms, docs/bench/prefix_cache.md).
     Benchmark("bench.bench_prefix_cache", ("--block-sizes", "32,64,128", "--records", "4", "--repeats", "2"), 6.0),
@@ -66,7 +67,7 @@ FULL = [
     Benchmark("bench.bench_client", ("--iterations", "20000"), 0.5),  # estimate, as above
     # estimate: 2.8 min of start-up + 2 rounds x (52 + 33) s measured (docs/bench/dtype.json).
     Benchmark("bench.bench_dtype", ("--records", "48", "--rounds", "2"), 5.5),
-    Benchmark("bench.bench_batching", ("--requests", "64", "--max-tokens", "24", "--server"), 4.0),  # as above
+    Benchmark("bench.bench_batching", ("--requests", "64", "--max-tokens", "24", "--server"), 5.5),  # as above
     # estimate: as above with 6 records.
     Benchmark("bench.bench_prefix_cache", ("--records", "6", "--repeats", "2"), 8.0),
     # estimate: the 7-minute profile + start-up + fit.

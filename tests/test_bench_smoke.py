@@ -110,7 +110,9 @@ def check_side(side: Mapping[str, Any], where: str) -> None:
 
 @pytest.mark.engine
 def test_bench_batching(tmp_path):
-    run_bench("bench.bench_batching", "--requests", "4", "--max-tokens", "4", tmp_path=tmp_path)
+    # One block size other than the default (32), once: the smoke checks the engine ran at it.
+    run_bench("bench.bench_batching", "--requests", "4", "--max-tokens", "4", "--block-sizes", "64", "--repeats", "1",
+              tmp_path=tmp_path)
     report = read_report(tmp_path, "batching")
     assert report["requests"] == 4 and report["max_tokens"] == 4
     r = report["in_process"]
@@ -118,6 +120,12 @@ def test_bench_batching(tmp_path):
     check_side(r["serial"], "serial.")
     check_side(r["batched"], "batched.")
     numbers(r, ("throughput_ratio",))
+    assert r["identity"]["block_size"] == 32  # the CPU default promptdistill starts vLLM with
+    (size,) = report["block_sizes"]["sizes"]
+    assert size["block_size"] == size["engine_block_size"] == 64 and len(size["wall_s"]) == 1
+    numbers(size, ("median_wall_s", "requests_per_s", "completion_tokens"))
+    assert size["wall_ratio_to_last"] == 1.0 and size["cold_ttft_ms"]["n"] == 4
+    assert "## KV block size" in (tmp_path / "bench" / "batching.md").read_text()
 
 
 @pytest.mark.engine
