@@ -77,8 +77,9 @@ CPU_BLOCK_SIZE = 32
 ``engine.block_size`` is unset. vLLM's CPU build defaults to 128, so a shortened static
 prefix can leave up to 127 of its tokens uncached and a winner be slower warm than its
 baseline; at 32 (the smallest size the CPU attention takes) every published winner was at
-most its baseline warm, and a batch of 96 evaluation requests ran 21% faster, since
-requests of one template share more of their prefix (docs/bench/prefix_cache.md)."""
+most its baseline warm (docs/bench/prefix_cache.md), and the same 64 batched evaluation
+requests took 0.73x the time, since requests of one template share more of their prefix
+(docs/bench/batching.md)."""
 
 
 @functools.cache
