@@ -166,7 +166,8 @@ def engine_markdown(n: dict[str, Any]) -> str:
         {"model": name, "cv_mape": fit["cv"][name]["mape"], "cv_mape_median": fit["cv"][name].get("mape_median", np.nan),
          "heldout_mape": s["mape"], "heldout_mape_median": s.get("mape_median", np.nan), "heldout_r2": s["r2"],
          "p50_abs_err_ms": s["p50_abs_err_ms"], "p95_abs_err_ms": s["p95_abs_err_ms"],
-         "monotonic": fit["monotonic"][name], "chosen": "yes" if name == fit["chosen"] else ""}
+         "monotonic": fit["monotonic"][name], "cached_never_slower": fit.get("cache_consistent", {}).get(name),
+         "chosen": "yes" if name == fit["chosen"] else ""}
         for name, s in fit["heldout"].items()
     ])
     coefs = pd.DataFrame(n["coefficients"])

@@ -168,11 +168,12 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _fit_table(fit: object) -> str:
-    lines = [f"{'model':<12} {'cv MAPE':>8} {'MAPE':>7} {'R2':>7} {'p50 ms':>8} {'p95 ms':>8}  monotonic"]
+    lines = [f"{'model':<12} {'cv MAPE':>8} {'MAPE':>7} {'R2':>7} {'p50 ms':>8} {'p95 ms':>8}  monotonic  cached-never-slower"]
     for name, s in fit.heldout.items():  # type: ignore[attr-defined]
         mark = " <- chosen" if name == fit.chosen else ""  # type: ignore[attr-defined]
         lines.append(f"{name:<12} {fit.cv[name]['mape']:>8.1%} {s['mape']:>7.1%} {s['r2']:>7.3f} "  # type: ignore[attr-defined]
-                     f"{s['p50_abs_err_ms']:>8.0f} {s['p95_abs_err_ms']:>8.0f}  {fit.monotonic[name]}{mark}")  # type: ignore[attr-defined]
+                     f"{s['p50_abs_err_ms']:>8.0f} {s['p95_abs_err_ms']:>8.0f}  {fit.monotonic[name]!s:<9}  "  # type: ignore[attr-defined]
+                     f"{fit.cache_consistent.get(name)}{mark}")  # type: ignore[attr-defined]
     return "\n".join(lines)
 
 

@@ -12,8 +12,9 @@ each repeated unit's median (``mape_median``), which says how well the model cap
 the systematic part.
 
 The winner is the candidate with the lowest cross-validated MAPE against medians among
-those whose predictions never decrease as uncached tokens grow over the measured range:
-the optimizer relies on "fewer tokens is never predicted slower".
+those that respect the two facts the optimizer relies on, checked over the measured
+range: fewer uncached tokens are never predicted slower, and a prompt whose prefix is
+served from the cache is never predicted slower than the same prompt computed whole.
 
 The candidates model the engine's mechanics (``estimators.EngineMechanics``) with the
 cache block and prefill chunk sizes the profiler recorded (``cache_block_tokens``,
@@ -49,6 +50,7 @@ __all__ = [
     "flag_contended",
     "identity_of",
     "is_monotonic_in_uncached",
+    "never_slower_when_cached",
     "mechanics_of",
     "model_inputs",
     "score",
@@ -190,6 +192,39 @@ def is_monotonic_in_uncached(estimator: Any, X: np.ndarray, *, n_grid: int = 40,
     return True
 
 
+def never_slower_when_cached(estimator: Any, X: np.ndarray, *, n_grid: int = 20, n_rows: int = 40, seed: int = 0) -> bool:
+    """Is a prompt never predicted slower with part of it served from the prefix cache than
+    computed whole?
+
+    For up to ``n_rows`` measured rows the prompt length (uncached + cached tokens) is held
+    and its cached part set to each cached amount the profile measured (whole cache blocks,
+    never the last token): a prefix cache skips work, so none may be predicted above the
+    prompt with nothing cached (a tree's small steps between them are allowed). Fitted on a short profile,
+    the cached-token terms alone can break this: a model that put a warm request 88 ms
+    above its cold one was chosen before this check. Tolerance 0.01 ms.
+    """
+    u, c = MODEL_FEATURES.index("uncached_tokens"), MODEL_FEATURES.index("cached_tokens")
+    seen = np.unique(X[:, c])
+    seen = seen[seen > 0]
+    if seen.size > n_grid:
+        seen = seen[np.linspace(0, seen.size - 1, n_grid).round().astype(int)]
+    # Rows of requests measured alone: in a queue the prefill others bring is held fixed.
+    alone = X[(X[:, MODEL_FEATURES.index("tokens_ahead")] == 0) & (X[:, MODEL_FEATURES.index("batch_tokens")] <= X[:, u])]
+    rng = np.random.default_rng(seed)
+    rows = alone[rng.choice(len(alone), size=min(n_rows, len(alone)), replace=False)]
+    for row in rows:
+        total = row[u] + row[c]
+        cached = np.concatenate([[0.0], seen[seen <= total - 1]])
+        if cached.size < 2:
+            continue
+        probe = np.repeat(row[None, :], cached.size, axis=0)
+        probe[:, c], probe[:, u] = cached, total - cached
+        predicted = estimator.predict(probe)
+        if np.any(predicted[1:] > predicted[0] + 0.01):
+            return False
+    return True
+
+
 @dataclass
 class FitResult:
     """Everything model selection learned. ``estimator`` is the winner, fitted."""
@@ -201,6 +236,7 @@ class FitResult:
     heldout: dict[str, dict[str, float]]
     """Per candidate: scores on held-out prompts, fitted on the training prompts."""
     monotonic: dict[str, bool]
+    """Per candidate: ``is_monotonic_in_uncached``."""
     train_groups: list[str]
     test_groups: list[str]
     heldout_predictions: pd.DataFrame
@@ -212,6 +248,8 @@ class FitResult:
     """Row counts: total, failed, contended (left out), used."""
     mechanics: dict[str, int | None] = field(default_factory=dict)
     """The cache block and prefill chunk sizes the candidates were built with."""
+    cache_consistent: dict[str, bool] = field(default_factory=dict)
+    """Per candidate: ``never_slower_when_cached``."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -220,6 +258,7 @@ class FitResult:
             "cv": self.cv,
             "heldout": self.heldout,
             "monotonic": self.monotonic,
+            "cache_consistent": self.cache_consistent,
             "n_train_prompts": len(self.train_groups),
             "n_test_prompts": len(self.test_groups),
             "refit_on_all": self.refit_on_all,
@@ -251,7 +290,8 @@ def fit_models(
             the engine's mechanics (``mechanics_of(df)``).
         refit_on_all: refit the winner on every row (train and held-out) before
             returning it; the held-out scores describe the same specification fitted
-            on the training prompts only.
+            on the training prompts only. A refit that breaks a check the winner passed
+            is dropped for the training-prompts fit (the result's ``refit_on_all`` False).
         drop_contended: leave out rows measured under CPU contention.
     """
     df, counts = check_frame(df, drop_contended=drop_contended)
@@ -281,6 +321,7 @@ def _fit_models(
     cv: dict[str, dict[str, float]] = {}
     heldout: dict[str, dict[str, float]] = {}
     monotonic: dict[str, bool] = {}
+    cache_consistent: dict[str, bool] = {}
     fitted: dict[str, Any] = {}
     for name, est in candidates.items():
         fold_scores = []
@@ -295,20 +336,29 @@ def _fit_models(
         heldout[name] = score(y_test, pred, k_test)
         test[f"pred_{name}"] = pred
         monotonic[name] = is_monotonic_in_uncached(model, X_train, seed=seed)
+        cache_consistent[name] = never_slower_when_cached(model, X_train, seed=seed)
 
-    eligible = [n for n in candidates if monotonic[n]] or list(candidates)
+    # Both facts if any candidate keeps them, else the first (the optimizer's cost order
+    # rests on it; a warm prediction above the cold one is clipped there), else any.
+    eligible = ([n for n in candidates if monotonic[n] and cache_consistent[n]]
+                or [n for n in candidates if monotonic[n]] or list(candidates))
     chosen = min(eligible, key=lambda n: cv[n]["mape_median"])
+    estimator = fitted[chosen]
     if refit_on_all:
         X_all, y_all = _xy(df)
-        estimator = clone(candidates[chosen]).fit(X_all, y_all)
-    else:
-        estimator = fitted[chosen]
+        refit = clone(candidates[chosen]).fit(X_all, y_all)
+        # The refit is what the optimizer uses: it must keep what selection checked, else
+        # the model fitted on the training prompts is returned.
+        keeps = ((not monotonic[chosen] or is_monotonic_in_uncached(refit, X_all, seed=seed))
+                 and (not cache_consistent[chosen] or never_slower_when_cached(refit, X_all, seed=seed)))
+        estimator, refit_on_all = (refit, True) if keeps else (estimator, False)
     return FitResult(
         chosen=chosen,
         estimator=estimator,
         cv=cv,
         heldout=heldout,
         monotonic=monotonic,
+        cache_consistent=cache_consistent,
         train_groups=sorted(set(groups[train_idx])),
         test_groups=sorted(set(groups[test_idx])),
         heldout_predictions=test.reset_index(drop=True),
