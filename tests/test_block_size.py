@@ -252,6 +252,35 @@ def test_warm_predictions_use_the_engine_block_size(tmp_path):
     assert p16["warm_cached_tokens"] > p["warm_cached_tokens"] and p16["ttft_warm_ms"] < p["ttft_warm_ms"]
 
 
+def test_a_warm_prediction_above_the_cold_one_is_held_at_it_and_counted():
+    """A model fitted on few points can charge cached tokens more than computing them; a
+    prefix cache only skips work, so the optimizer never predicts warm above cold."""
+    from promptdistill.optimize.predict import predict_candidate
+    from promptdistill.specs.datasets import dataset_for, records
+    from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
+    from promptdistill.ttft.model import TTFTModel
+    from bundled_specs import load_spec
+
+    spec = load_spec("ticket_triage")
+    dev = records(dataset_for(spec), "dev")[:3]
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.uniform(10, 1500, 60), rng.choice([0, 128, 256], 60), rng.integers(0, 8, 60),
+                         rng.uniform(0.3, 0.8, 60), rng.uniform(5, 9, 60)])
+    ident = replace(FAKE_IDENTITY, block_size=32)
+
+    def fitted(cached_ms_per_token):
+        y = 50 + 0.4 * X[:, 0] + cached_ms_per_token * X[:, 1]
+        return TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, y), "monomial", "linear", ident)
+
+    engine = FakeEngine(identity=ident)
+    sound = predict_candidate(engine, fitted(0.02), spec, dev, block_tokens=32)
+    assert sound["ttft_warm_ms"] < sound["ttft_cold_ms"] and sound["clipped_predictions"] == 0
+    wrong = predict_candidate(engine, fitted(1.0), spec, dev, block_tokens=32)
+    assert wrong["warm_cached_tokens"] > 0
+    assert wrong["ttft_warm_ms"] == pytest.approx(wrong["ttft_cold_ms"])
+    assert wrong["clipped_predictions"] == len(dev)
+
+
 # --- the real engine and server (run by the maintainers: `-m "engine or server"`) -----------
 
 

@@ -185,8 +185,9 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     base = run.baseline
     clipped = sum(int(c.prediction.get("clipped_predictions", 0)) for c in [base, *run.grid])
     if clipped:
-        run.notes.append(f"{clipped} TTFT predictions fell below {MIN_TTFT_MS:g} ms and were clipped: the TTFT model "
-                         "extrapolates for these prompts; profile and refit it on a larger design")
+        run.notes.append(f"{clipped} TTFT predictions fell below {MIN_TTFT_MS:g} ms or put a cached prefix above the "
+                         "same prompt uncached, and were clipped: the TTFT model extrapolates for these prompts; "
+                         "profile and refit it on a larger design")
     winner, reason = run.select()
     formats, fmt, final_spec, constrained, fmt_report = choose_format(run, winner)
     tb = _budget_from(fmt_report)
