@@ -228,23 +228,30 @@ def test_warm_cached_tokens_is_one_function():
     assert (derived[:, 0] == total - derived[:, 1]).all()
 
 
-def test_warm_predictions_use_the_engine_block_size(tmp_path):
-    """The optimizer's warm prediction through a server caches whole 128-token blocks, not 16."""
-    from promptdistill.optimize.predict import predict_candidate, prefix_block_tokens
+def _linear_ttft_model(block_size, cached_ms_per_token):
+    """A TTFT model of 50 ms + 0.4 ms per uncached token + ``cached_ms_per_token`` per cached
+    one, fitted exactly on random prompts, for an engine with ``block_size``; and 3 dev
+    records of ticket_triage."""
     from promptdistill.specs.datasets import dataset_for, records
     from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
     from promptdistill.ttft.model import TTFTModel
     from bundled_specs import load_spec
 
     spec = load_spec("ticket_triage")
-    dev = records(dataset_for(spec), "dev")[:3]
     rng = np.random.default_rng(0)
     X = np.column_stack([rng.uniform(10, 1500, 60), rng.choice([0, 128, 256], 60), rng.integers(0, 8, 60),
                          rng.uniform(0.3, 0.8, 60), rng.uniform(5, 9, 60)])
-    ident = replace(FAKE_IDENTITY, block_size=128)
-    model = TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, 50 + 0.4 * X[:, 0] + 0.02 * X[:, 1]), "monomial",
-                      "linear", ident)
-    engine = FakeEngine(identity=ident)
+    ident = replace(FAKE_IDENTITY, block_size=block_size)
+    y = 50 + 0.4 * X[:, 0] + cached_ms_per_token * X[:, 1]
+    model = TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, y), "monomial", "linear", ident)
+    return model, FakeEngine(identity=ident), spec, records(dataset_for(spec), "dev")[:3]
+
+
+def test_warm_predictions_use_the_engine_block_size(tmp_path):
+    """The optimizer's warm prediction through a server caches whole 128-token blocks, not 16."""
+    from promptdistill.optimize.predict import predict_candidate, prefix_block_tokens
+
+    model, engine, spec, dev = _linear_ttft_model(128, 0.02)
     p = predict_candidate(engine, model, spec, dev, block_tokens=prefix_block_tokens(engine))
     assert p["warm_cached_tokens"] % 128 == 0
     assert p["warm_cached_tokens"] == 128 * (p["static_prefix_tokens"] // 128)  # one static prefix for all records
@@ -256,26 +263,12 @@ def test_a_warm_prediction_above_the_cold_one_is_held_at_it_and_counted():
     """A model fitted on few points can charge cached tokens more than computing them; a
     prefix cache only skips work, so the optimizer never predicts warm above cold."""
     from promptdistill.optimize.predict import predict_candidate
-    from promptdistill.specs.datasets import dataset_for, records
-    from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
-    from promptdistill.ttft.model import TTFTModel
-    from bundled_specs import load_spec
 
-    spec = load_spec("ticket_triage")
-    dev = records(dataset_for(spec), "dev")[:3]
-    rng = np.random.default_rng(0)
-    X = np.column_stack([rng.uniform(10, 1500, 60), rng.choice([0, 128, 256], 60), rng.integers(0, 8, 60),
-                         rng.uniform(0.3, 0.8, 60), rng.uniform(5, 9, 60)])
-    ident = replace(FAKE_IDENTITY, block_size=32)
-
-    def fitted(cached_ms_per_token):
-        y = 50 + 0.4 * X[:, 0] + cached_ms_per_token * X[:, 1]
-        return TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, y), "monomial", "linear", ident)
-
-    engine = FakeEngine(identity=ident)
-    sound = predict_candidate(engine, fitted(0.02), spec, dev, block_tokens=32)
+    model, engine, spec, dev = _linear_ttft_model(32, 0.02)
+    sound = predict_candidate(engine, model, spec, dev, block_tokens=32)
     assert sound["ttft_warm_ms"] < sound["ttft_cold_ms"] and sound["clipped_predictions"] == 0
-    wrong = predict_candidate(engine, fitted(1.0), spec, dev, block_tokens=32)
+    model, engine, spec, dev = _linear_ttft_model(32, 1.0)
+    wrong = predict_candidate(engine, model, spec, dev, block_tokens=32)
     assert wrong["warm_cached_tokens"] > 0
     assert wrong["ttft_warm_ms"] == pytest.approx(wrong["ttft_cold_ms"])
     assert wrong["clipped_predictions"] == len(dev)
