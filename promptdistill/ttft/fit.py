@@ -199,9 +199,9 @@ def never_slower_when_cached(estimator: Any, X: np.ndarray, *, n_grid: int = 20,
     For up to ``n_rows`` measured rows the prompt length (uncached + cached tokens) is held
     and its cached part set to each cached amount the profile measured (whole cache blocks,
     never the last token): a prefix cache skips work, so none may be predicted above the
-    prompt with nothing cached (a tree's small steps between them are allowed). Fitted on a short profile,
-    the cached-token terms alone can break this: a model that put a warm request 88 ms
-    above its cold one was chosen before this check. Tolerance 0.01 ms.
+    prompt with nothing cached (a tree's small steps between them are allowed). Fitted on
+    a short profile, the cached-token terms alone can break this: a model that put a warm
+    request 88 ms above its cold one was chosen before this check. Tolerance 0.01 ms.
     """
     u, c = MODEL_FEATURES.index("uncached_tokens"), MODEL_FEATURES.index("cached_tokens")
     seen = np.unique(X[:, c])
