@@ -7,7 +7,7 @@ from bundled_specs import load_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptdistill.distill.clauses import (
+from promptdistill.specs.clauses import (
     Clause,
     apply_clauses,
     join_clauses,

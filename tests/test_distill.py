@@ -11,7 +11,7 @@ from bundled_specs import load_spec
 from fakes import FakeEngine
 from promptdistill.distill import DistillConfig, distill
 from promptdistill.distill.candidates import ClauseScore, agreement_rate, prune_keep_sets
-from promptdistill.distill.clauses import Clause, split_clauses
+from promptdistill.specs.clauses import Clause, split_clauses
 from promptdistill.search.splits import split_records
 
 MAIN_RULE = "If a ticket mentions more than one problem"

@@ -8,7 +8,7 @@ import pytest
 
 from bundled_specs import load_spec
 from fakes import FakeEngine
-from promptdistill.distill.clauses import apply_clauses, split_clauses
+from promptdistill.specs.clauses import apply_clauses, split_clauses
 from promptdistill.evaluate import EvalItem, evaluate, evaluate_many, judge_cost
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.specs import MetricSpec, spec_messages

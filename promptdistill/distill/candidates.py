@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from promptdistill.core.stats import mean_of
-from promptdistill.distill.clauses import Clause
+from promptdistill.specs.clauses import Clause
 from promptdistill.search.racing import Candidate
 
 __all__ = ["ClauseScore", "DistillCandidate", "agreement_rate", "prune_keep_sets"]

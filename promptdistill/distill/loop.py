@@ -3,7 +3,7 @@
 ``distill(engine, spec)`` runs, for each round (from the best screened candidate so far):
 
 1. split the instruction and constraints into clauses; protected ones (placeholders,
-   output-format rules) are never touched (:mod:`promptdistill.distill.clauses`);
+   output-format rules) are never touched (:mod:`promptdistill.specs.clauses`);
 2. score each unprotected clause twice: the ``clause_necessity`` judge, and ablation
    (drop the clause, measure the change in mean score on the screen records);
 3. build candidates: prune at several thresholds (judge, ablation, combined), rewrite
@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from promptdistill.core.settings import check, setting
 from promptdistill.distill.candidates import ClauseScore, DistillCandidate, agreement_rate, prune_keep_sets
-from promptdistill.distill.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
+from promptdistill.specs.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
 from promptdistill.distill.result import DistillResult, clause_rows
 from promptdistill.engine.base import Engine
 from promptdistill.engine.meter import CallMeter
