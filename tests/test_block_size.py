@@ -228,10 +228,10 @@ def test_warm_cached_tokens_is_one_function():
     assert (derived[:, 0] == total - derived[:, 1]).all()
 
 
-def _linear_ttft_model(block_size, cached_ms_per_token):
-    """A TTFT model of 50 ms + 0.4 ms per uncached token + ``cached_ms_per_token`` per cached
-    one, fitted exactly on random prompts, for an engine with ``block_size``; and 3 dev
-    records of ticket_triage."""
+def _linear_ttft_model(block_size, cached_ms_per_token, ms_per_token=0.4):
+    """A TTFT model of 50 ms + ``ms_per_token`` per prompt token + ``cached_ms_per_token`` per
+    cached one, fitted exactly on random prompts, for an engine with ``block_size``; and 3
+    dev records of ticket_triage."""
     from promptdistill.specs.datasets import dataset_for, records
     from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
     from promptdistill.ttft.model import TTFTModel
@@ -242,7 +242,7 @@ def _linear_ttft_model(block_size, cached_ms_per_token):
     X = np.column_stack([rng.uniform(10, 1500, 60), rng.choice([0, 128, 256], 60), rng.integers(0, 8, 60),
                          rng.uniform(0.3, 0.8, 60), rng.uniform(5, 9, 60)])
     ident = replace(FAKE_IDENTITY, block_size=block_size)
-    y = 50 + 0.4 * X[:, 0] + cached_ms_per_token * X[:, 1]
+    y = 50 + ms_per_token * X[:, 0] + cached_ms_per_token * X[:, 1]
     model = TTFTModel(MonomialRegressor(terms=LINEAR_TERMS).fit(X, y), "monomial", "linear", ident)
     return model, FakeEngine(identity=ident), spec, records(dataset_for(spec), "dev")[:3]
 
@@ -272,6 +272,90 @@ def test_a_warm_prediction_above_the_cold_one_is_held_at_it_and_counted():
     assert wrong["warm_cached_tokens"] > 0
     assert wrong["ttft_warm_ms"] == pytest.approx(wrong["ttft_cold_ms"])
     assert wrong["clipped_predictions"] == len(dev)
+
+
+def _pruned_run(block_aligned: bool = True, ms_per_token: float = 0.4):
+    """An optimizer run on ticket_triage (fake engine, the linear TTFT model at 32-token
+    blocks) and the baseline's clauses."""
+    from promptdistill.optimize.run import OptimizeBudget, OptimizeRun
+    from promptdistill.optimize.select import SelectionRule
+    from promptdistill.specs.clauses import split_clauses
+
+    model, engine, spec, _ = _linear_ttft_model(32, 0.02, ms_per_token)
+    budget = OptimizeBudget(max_lm_calls=400, screen_size=4, dev_size=20, test_size=4, feature_records=3,
+                            block_aligned=block_aligned)
+    run = OptimizeRun(engine, spec, model, budget, 0, SelectionRule(), None)
+    return run, spec, [c for c in split_clauses(spec) if not c.protected]
+
+
+def _candidate(run, cid, spec):
+    from promptdistill.optimize.candidates import ExampleCandidate
+    from promptdistill.optimize.examples import fixed_spec
+
+    cand = ExampleCandidate(id=f"{cid}/none", spec=fixed_spec(spec, []), variant=cid, strategy="none")
+    run.predict(cand)
+    return cand
+
+
+@pytest.mark.parametrize("ms_per_token", [0.4, -0.05], ids=["physical", "cheaper-when-longer"])
+def test_a_restored_clause_is_added_when_it_ends_the_static_prefix_on_a_block_edge(ms_per_token):
+    """Per pruned candidate, the optimizer adds the restore of one pruned clause that caches
+    more of the prefix warm and is predicted cheapest, and only when it is cheaper than the
+    candidate itself; the added prompt is the candidate plus one clause of the baseline. A
+    model that predicts longer prompts faster (an extrapolation) must not add a restore
+    that caches nothing more."""
+    from itertools import combinations
+
+    from promptdistill.optimize.blocks import restored_variants
+    from promptdistill.specs.clauses import apply_clauses, split_clauses
+
+    run, spec, free = _pruned_run(ms_per_token=ms_per_token)
+    seen = {"added": 0, "crosses but dearer": 0}
+    for drop in [d for r in (1, 2) for d in combinations(free, r)]:
+        # The baseline without the clauses in `drop`: a distiller-like prune.
+        keep = {c.id for c in split_clauses(spec)} - {c.id for c in drop}
+        cand = _candidate(run, "prune", apply_clauses(spec, keep))
+        out = run.block_aligned([cand])
+        options = []
+        for cid, restored in restored_variants(spec, cand.spec):
+            alt = _candidate(run, f"probe+{cid}", restored)
+            if alt.prediction["warm_cached_tokens"] > cand.prediction["warm_cached_tokens"]:
+                options.append((alt.cost, cid))
+        best = min(options, default=None)
+        if best is None or best[0] >= cand.cost:
+            assert out == [], f"dropping {[c.id for c in drop]}: a restore that is not cheaper was added"
+            seen["crosses but dearer"] += best is not None
+            continue
+        seen["added"] += 1
+        (alt,) = out
+        assert alt.cost == pytest.approx(best[0]) and alt.variant == f"prune+{best[1]}"
+        assert alt.prediction["warm_cached_tokens"] > cand.prediction["warm_cached_tokens"]
+        assert alt.strategy == "none" and alt.examples == cand.examples
+        restored = next(c.text for c in split_clauses(spec) if c.id == best[1])
+        assert [c.text for c in split_clauses(cand.spec)] == [c.text for c in split_clauses(alt.spec)
+                                                              if c.text != restored]
+        assert "block-aligned" in alt.notes[0] and "past the last 32-token block" in alt.notes[0]
+    # Both branches ran, so the assertions above could fail either way.
+    assert seen["added"] >= 3, seen
+    if ms_per_token > 0:
+        assert seen["crosses but dearer"] >= 3, seen
+
+
+def test_no_restore_for_the_original_a_rewrite_or_when_switched_off():
+    from promptdistill.optimize.blocks import restored_variants
+    from promptdistill.specs.clauses import apply_clauses, split_clauses
+
+    run, spec, free = _pruned_run()
+    off, _, _ = _pruned_run(block_aligned=False)
+    prunes = [apply_clauses(spec, {c.id for c in split_clauses(spec)} - {c.id for c in free[-drop:]})
+              for drop in range(1, len(free))]
+    helped = [p for p in prunes if run.block_aligned([_candidate(run, "p", p)])]
+    assert helped and all(off.block_aligned([_candidate(off, "p", p)]) == [] for p in helped)
+    pruned = helped[0]
+    rewrite = pruned.with_changes(instruction=pruned.instruction.replace("ShopRight", "ShopLeft"))
+    assert restored_variants(spec, pruned) and restored_variants(spec, rewrite) == []
+    assert restored_variants(spec, spec) == []
+    assert run.block_aligned([_candidate(run, "original", spec), _candidate(run, "rw", rewrite)]) == []
 
 
 # --- the real engine and server (run by the maintainers: `-m "engine or server"`) -----------

@@ -8,6 +8,8 @@ The run, in order (each step a method of ``OptimizeRun``, the state ``finish`` r
 3. per fixed count, the example set with the best screen score among a few draws;
 4. the grid (instruction variants x none/fixed/similar x counts); every candidate's TTFT
    predicted cold and warm with the fitted TTFT model; what cannot fit the context is dropped;
+   per pruned candidate, the variant with one pruned clause restored when that ends its
+   static prefix on a KV block edge and is predicted cheaper (``blocks.py``);
 5. screen the grid, then race the finalists against the baseline on the certify records
    (:mod:`promptdistill.search.racing`): a finalist can win only when certified
    non-inferior, and replaces the baseline only when its predicted TTFT is lower by more
@@ -36,6 +38,7 @@ from promptdistill.engine.base import Engine
 from promptdistill.engine.meter import CallMeter
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
 from promptdistill.judges.runner import JudgeRunner
+from promptdistill.optimize.blocks import restored_variants, static_tail
 from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_subsets, per_request_spec, with_fewshot
 from promptdistill.optimize.predict import predict_candidate, prefix_block_tokens
@@ -74,6 +77,8 @@ class OptimizeBudget:
                                               at_least=0, at_most=8)
     fixed_subsets: int = setting(2, "example sets tried per fixed count (the spec's own rule first)", at_least=0)
     max_variants: int = setting(3, "instruction variants, the original included", at_least=1)
+    block_aligned: bool = setting(True, "add, per pruned candidate, the variant with one pruned clause restored when "
+                                  "it caches more of the static prefix in whole KV blocks and is predicted cheaper")
     feature_records: int = setting(6, "dev records whose prompts the TTFT predictions average over", at_least=1)
     timing_records: int = setting(3, "test records measured cold and warm on the real engine (0: no measurement)",
                                   at_least=0)
@@ -324,6 +329,9 @@ class OptimizeRun:
             else:
                 cand.notes.append(f"does not fit the context window: {cand.prediction['longest_prompt_tokens']} "
                                   f"prompt tokens + {self.max_tokens} > {self.meter.identity.max_model_len}")
+        aligned = [c for c in self.block_aligned(runnable) if self.fits_context(c)]
+        self.grid += aligned
+        runnable += aligned
         if self.kept_reason:
             for cand in runnable:
                 cand.notes.append(f"not screened: {self.kept_reason}")
@@ -350,6 +358,35 @@ class OptimizeRun:
         self.plan = self.make_plan()
         race(self.baseline, self.finalists, self.splits.certify, self.evaluate, budget=self.search_budget,
              settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record)
+
+    def block_aligned(self, cands: Sequence[ExampleCandidate]) -> list[ExampleCandidate]:
+        """Per pruned candidate, the variant with one pruned clause restored whose predicted
+        cost is lowest, when it caches more of the static prefix warm and costs less than
+        its source (:mod:`promptdistill.optimize.blocks`)."""
+        out: list[ExampleCandidate] = []
+        for cand in cands if self.budget.block_aligned else ():
+            if cand.strategy not in ("none", "fixed") or cand.variant == "original":
+                continue
+            options = []
+            for cid, spec in restored_variants(self.spec, cand.spec):
+                alt = ExampleCandidate(id=f"{cand.variant}+{cid}/{cand.id.rsplit('/', 1)[-1]}", spec=spec,
+                                       examples=cand.examples, variant=f"{cand.variant}+{cid}",
+                                       strategy=cand.strategy, k=cand.k, subset=cand.subset)
+                self.predict(alt)
+                if alt.prediction["warm_cached_tokens"] > cand.prediction["warm_cached_tokens"]:
+                    options.append(alt)
+            best = min(options, key=lambda c: c.cost, default=None)
+            if best is None or best.cost >= cand.cost:
+                continue
+            was, now = cand.prediction, best.prediction
+            best.notes.append(
+                f"block-aligned: {cand.id} with the baseline's clause {best.variant.rsplit('+', 1)[-1]} restored: "
+                f"static prefix {was['static_prefix_tokens']:.0f} -> {now['static_prefix_tokens']:.0f} tokens "
+                f"({static_tail(was['static_prefix_tokens'], self.block_tokens)} -> "
+                f"{static_tail(now['static_prefix_tokens'], self.block_tokens)} past the last "
+                f"{self.block_tokens}-token block); predicted {self.rule.ttft} TTFT {cand.cost:.0f} -> {best.cost:.0f} ms")
+            out.append(best)
+        return out
 
     def make_plan(self) -> Plan:
         """What the certify pool can decide, at a discordance the screen records cannot rule out."""
