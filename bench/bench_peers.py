@@ -36,13 +36,15 @@ user template: it is scored and timed here, not published.
 Per side: test quality with a 95% bootstrap interval (and ours minus the peer, paired, with
 its interval); LM calls and prompt/completion tokens processed (the peers: counted by the
 DSPy bridge, below DSPy's cache; ours: from the stage results, and below our LM cache by a
-meter that also splits them by phase); wall minutes; the resulting prompt's total tokens
+meter that also splits them by phase); the search's tokens counted the same way for every
+side at the engine (``search_tokens``: computed, i.e. prefilled past vLLM's prefix cache
+plus completion, and prompt + completion; ours' held-out verification apart); wall minutes; the resulting prompt's total tokens
 (the rendered chat prompt, served tokenizer, mean over the test records) and instruction
 tokens (``Spec.instruction_text()``); measured TTFT cold and warm
 (``optimize.verify.measure_ttft``; a peer's by ``bench.peer_export.measure_ttft``, which
 renders its demo turns; every template one after the other, after all runs).
-Scoring the peers' programs and templates on test is not part of their cost; ours'
-held-out verification is part of ours (the nightly does it).
+Scoring the peers' programs and templates on test is not part of their cost, nor is ours'
+held-out verification of the goal's count (it is reported beside it: the nightly does it).
 
 A peer that fails or writes nonsense is reported as it is, with its own instruction.
 
@@ -81,8 +83,11 @@ from promptdistill.specs.render import unescape_braces  # noqa: E402
 DEFAULT_SPECS = ("invoice_extraction", "ticket_triage", "word_problems")
 PEERS = ("mipro", "gepa", "gepa_ttft")
 GOAL_TOKENS_SHARE = 1 / 3
-"""Ours may process at most this share of a peer's tokens."""
-RATIO_FIELDS = ("lm_calls", "tokens_processed", "minutes", "prompt_tokens", "instruction_tokens", "ttft_cold_ms",
+"""Ours may compute at most this share of a peer's search tokens (``search_tokens``)."""
+VERIFICATION_PHASE = "optimize: test verification"
+"""Ours' held-out verification: reported apart, as the peers' test scoring is."""
+RATIO_FIELDS = ("lm_calls", "tokens_processed", "search_tokens", "computed_tokens", "minutes", "prompt_tokens",
+                "instruction_tokens", "ttft_cold_ms",
                 "ttft_warm_ms")
 # What would cut a phase's tokens (the report names the phases that spend the most).
 PHASE_LEVERS = {
@@ -122,6 +127,8 @@ class CallCounter(EngineWrapper):
         super().__init__(engine)
         self.calls = 0
         self.rejected = 0
+        self.tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
+        """Of the results the engine returned: what ``search_tokens`` reads."""
 
     def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
         from promptdistill.core.errors import PromptTooLongError
@@ -129,8 +136,10 @@ class CallCounter(EngineWrapper):
         try:
             results = self.engine.generate(requests, progress=progress)
         except PromptTooLongError:
-            return self._generate_fitting(requests, progress)
-        self.calls += len(requests)
+            results = self._generate_fitting(requests, progress)
+        else:
+            self.calls += len(requests)
+        add_tokens(self.tokens, results)
         return results
 
     def _generate_fitting(self, requests: Sequence[GenerationRequest], progress: bool) -> list[GenerationResult]:
@@ -145,6 +154,22 @@ class CallCounter(EngineWrapper):
             e2e_ms=0.0, valid=False if req.json_schema or req.choices else None,
             error=f"prompt too long: {sizes[i]} tokens, max_model_len {limit}")
             for i, req in enumerate(requests)]
+
+
+def add_tokens(totals: dict[str, int], results: Sequence[GenerationResult]) -> None:
+    """Add the results' prompt, prefix-cached and completion tokens to ``totals``."""
+    totals["prompt_tokens"] += sum(r.prompt_tokens for r in results)
+    totals["cached_tokens"] = totals.get("cached_tokens", 0) + sum(r.cached_tokens for r in results)
+    totals["completion_tokens"] += sum(r.completion_tokens for r in results)
+
+
+def search_tokens(rows: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    """Tokens of the requests that reached the engine, counted the same way for every side:
+    ``search_tokens`` (prompt + completion) and ``computed_tokens`` (the prompt tokens the
+    engine prefilled, i.e. not served by its prefix cache, + completion)."""
+    prompt, completion = sum(r["prompt_tokens"] for r in rows), sum(r["completion_tokens"] for r in rows)
+    cached = sum(r.get("cached_tokens", 0) for r in rows)
+    return {"search_tokens": prompt + completion, "computed_tokens": prompt - cached + completion}
 
 
 # Where ours spends its tokens: (file, function) of the stack, innermost first, -> phase.
@@ -199,10 +224,10 @@ class PhaseMeter(EngineWrapper):
     def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
         phase = phase_of_stack()
         results = self.engine.generate(requests, progress=progress)
-        row = self.phases.setdefault(phase, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0})
+        row = self.phases.setdefault(phase, {"calls": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                                             "completion_tokens": 0})
         row["calls"] += len(requests)
-        row["prompt_tokens"] += sum(r.prompt_tokens for r in results)
-        row["completion_tokens"] += sum(r.completion_tokens for r in results)
+        add_tokens(row, results)
         return results
 
     def total(self, key: str) -> int:
@@ -381,6 +406,10 @@ def run_ours(engine: Engine, model: Any, job: Any, preset: Mapping[str, Any], se
         "engine_calls": meter.total("calls"), "prompt_tokens_processed": meter.total("prompt_tokens"),
         "completion_tokens_processed": meter.total("completion_tokens"),
         "engine_tokens_processed": meter.total("prompt_tokens") + meter.total("completion_tokens"),
+        # The search alone (the peers' cost is their compile): every phase but the verification.
+        **search_tokens([row for phase, row in phases.items() if phase != VERIFICATION_PHASE]),
+        "verification_tokens": search_tokens([phases.get(VERIFICATION_PHASE, {"prompt_tokens": 0,
+                                                                              "completion_tokens": 0})]),
         "timing_requests": result["timing_requests"], "phases": phases,
         "instruction_tokens": None if w.get("instruction_tokens") is None else round(w["instruction_tokens"]),
         "stage_test_mean": w.get("test_mean"), "stage_test_n": w.get("test_n"),
@@ -668,7 +697,8 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     out.update(minutes=round((time.monotonic() - started) / 60.0, 3), lm_calls=counter.calls,
                rejected_too_long=counter.rejected, prompt_tokens_processed=bridge.prompt_tokens,
                completion_tokens_processed=bridge.completion_tokens,
-               tokens_processed=bridge.prompt_tokens + bridge.completion_tokens, bridge_calls=bridge.calls)
+               tokens_processed=bridge.prompt_tokens + bridge.completion_tokens, bridge_calls=bridge.calls,
+               **search_tokens([counter.tokens]))
     if program is None:
         bridge.close()
         return out
@@ -743,12 +773,14 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
                             folder / "ours")
     sides: dict[str, dict[str, Any]] = {"ours": {**ours, "content": result["content"]}}
     progress(f"[{name}] ours: {ours['winner']} ({ours['reason'][:160]}); {ours['lm_calls']} LM calls, "
-             f"{ours['tokens_processed']} tokens, {ours['minutes']:.1f} min")
+             f"{ours['tokens_processed']} tokens ({ours['computed_tokens']} search tokens computed), "
+             f"{ours['minutes']:.1f} min")
     for kind in args.peers:
         progress(f"[{name}] {kind}: compile")
         sides[kind] = run_peer(kind, engine, model, sub, split, args, folder, block)
         s = sides[kind]
-        progress(f"[{name}] {kind}: {s.get('error') or 'done'}; {s['lm_calls']} LM calls, {s['tokens_processed']} tokens, "
+        progress(f"[{name}] {kind}: {s.get('error') or 'done'}; {s['lm_calls']} LM calls, {s['tokens_processed']} tokens "
+                 f"({s['computed_tokens']} computed), "
                  f"{s['minutes']:.1f} min; instruction: {str(s.get('instruction'))[:200]!r}")
 
     # Every template scored on test the same way; ours through its own LM cache (the
@@ -799,13 +831,15 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
 
 def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
     """The issue's goal against one peer: quality at least the peer's (or inside its interval), a
-    shorter prompt, a lower cold TTFT, and at most a third of the peer's tokens processed."""
+    shorter prompt, a lower cold TTFT, and at most a third of the peer's search tokens computed
+    (``search_tokens``: prefilled, not served by the prefix cache, + completion; the same count for
+    every side)."""
 
     def known(*values: Any) -> bool:
         return all(v is not None for v in values)
 
     if peer.get("error"):  # a peer that failed part-way has no result to measure against
-        return {"quality": None, "prompt_tokens": None, "ttft_cold": None, "tokens_processed": None, "met": False}
+        return {"quality": None, "prompt_tokens": None, "ttft_cold": None, "computed_tokens": None, "met": False}
 
     q, pq, low = ours.get("test_mean"), peer.get("test_mean"), peer.get("test_ci_low")
     checks = {
@@ -814,8 +848,8 @@ def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
                                                                                 peer.get("prompt_tokens")) else None,
         "ttft_cold": ours["ttft_cold_ms"] < peer["ttft_cold_ms"] if known(ours.get("ttft_cold_ms"),
                                                                           peer.get("ttft_cold_ms")) else None,
-        "tokens_processed": ours["tokens_processed"] <= GOAL_TOKENS_SHARE * peer["tokens_processed"]
-        if known(ours.get("tokens_processed"), peer.get("tokens_processed")) else None,
+        "computed_tokens": ours["computed_tokens"] <= GOAL_TOKENS_SHARE * peer["computed_tokens"]
+        if known(ours.get("computed_tokens"), peer.get("computed_tokens")) else None,
     }
     checks["met"] = all(v is True for v in checks.values())
     return checks
@@ -877,7 +911,7 @@ def search_line(kind: str, s: Mapping[str, Any]) -> str | None:
 def shortfalls(name: str, r: Mapping[str, Any], peers: Sequence[str]) -> list[str]:
     """Per spec: each missed part of the goal in numbers; for tokens, the phases that spend them and the levers."""
     ours = r["sides"]["ours"]
-    missed = {k: [part for part in ("quality", "prompt_tokens", "ttft_cold", "tokens_processed")
+    missed = {k: [part for part in ("quality", "prompt_tokens", "ttft_cold", "computed_tokens")
                   if r["comparisons"][k]["goal"][part] is False] for k in peers}
     if not any(missed.values()):
         return []
@@ -896,17 +930,15 @@ def shortfalls(name: str, r: Mapping[str, Any], peers: Sequence[str]) -> list[st
             elif part == "ttft_cold":
                 out.append(f"- cold TTFT against {kind}: ours {_f(ours['ttft_cold_ms'], '.0f')} ms, {kind} "
                            f"{_f(peer['ttft_cold_ms'], '.0f')} ms")
-    short = [k for k, parts in missed.items() if "tokens_processed" in parts]
+    short = [k for k, parts in missed.items() if "computed_tokens" in parts]
     if short:
-        cheapest = min(short, key=lambda k: r["sides"][k]["tokens_processed"])
-        allowed = GOAL_TOKENS_SHARE * r["sides"][cheapest]["tokens_processed"]
-        cut = 1 - allowed / ours["tokens_processed"]
-        test_calls = ours["phases"].get("optimize: test verification", {}).get("calls", 0)
-        out.append(f"- tokens processed against {', '.join(short)}: ours {ours['tokens_processed']} "
-                   f"({ours['prompt_tokens_processed']} prompt + {ours['completion_tokens_processed']} completion "
-                   f"reached the engine); a third of {cheapest}'s is {allowed:.0f}, so ours would have to cut "
-                   f"{cut:.0%}. The held-out verification alone ({test_calls} calls) is part of ours and not of "
-                   "the peers' (their test scoring is counted apart). By phase:")
+        cheapest = min(short, key=lambda k: r["sides"][k]["computed_tokens"])
+        allowed = GOAL_TOKENS_SHARE * r["sides"][cheapest]["computed_tokens"]
+        cut = 1 - allowed / ours["computed_tokens"]
+        out.append(f"- search tokens computed against {', '.join(short)}: ours {ours['computed_tokens']} (of "
+                   f"{ours['search_tokens']} prompt + completion); a third of {cheapest}'s is {allowed:.0f}, so "
+                   f"ours would have to cut {cut:.0%}. By phase (all tokens that reached the engine, the "
+                   "verification included):")
         total = max(1, ours["engine_tokens_processed"])
         ranked = sorted(ours["phases"].items(), key=lambda kv: -(kv[1]["prompt_tokens"] + kv[1]["completion_tokens"]))
         for phase, ph in ranked[:4]:
@@ -924,9 +956,13 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
              "spec and counted in its cost). Test quality is every side's exported "
              "template scored on the test records: ours by `promptdistill.evaluate` (what a service gets), a peer's "
              "program exported by `bench.peer_export` (its adapter's own messages, demo turns, schema, max_tokens and "
-             "parsing); the DSPy program's own score is beside it. Tokens processed: prompt + completion of every LM "
-             "request of the search (peers: compile, counted "
-             "by the DSPy bridge; ours: the stage results, held-out verification included). Prompt tokens: the "
+             "parsing); the DSPy program's own score is beside it. Search tokens, counted the same way for every "
+             "side below its own LM cache, at the engine: the requests of the search (peers: compile, every "
+             "attempt; ours: distiller and optimizer, the held-out verification apart, as the peers' test scoring "
+             "is), as *computed* (the prompt tokens the engine prefilled, i.e. not served by vLLM's prefix cache, "
+             "+ completion: the goal's count) and as prompt + completion. Tokens processed: prompt + completion "
+             "as each side asked for them (peers: the DSPy bridge; ours: the stage results, LM-cache hits and the "
+             "verification included). Prompt tokens: the "
              "rendered chat prompt (served tokenizer), mean over the test records; instruction tokens: "
              "`Spec.instruction_text()` (instruction and rules; a peer's instruction is its whole system text). "
              "TTFT: measured, mean of "
@@ -937,16 +973,22 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
         measured = f"; commit {r['commit']}, {r['timestamp']}" if r.get("commit") else ""
         lines += [f"## {name} (train {sp['train']}, dev {sp['dev']}, test {sp['test']}; {r['minutes']:.1f} min{measured})", "",
                   ("| side | test quality, template [95% CI] | DSPy program score [95% CI] | LM calls | tokens processed "
-                   "(prompt + completion) | minutes | prompt tokens | instruction tokens | TTFT cold ms | TTFT warm ms |"),
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                   "(prompt + completion) | search tokens: computed / prompt + completion | minutes | prompt tokens | "
+                   "instruction tokens | TTFT cold ms | TTFT warm ms |"),
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for side, s in r["sides"].items():
             split_tokens = (f"{s['prompt_tokens_processed']} + {s['completion_tokens_processed']}"
                             if s.get("prompt_tokens_processed") is not None else "")
             engine_note = (f"; {s['engine_tokens_processed']} reached the engine"
                            if side == "ours" and s.get("engine_tokens_processed") is not None else "")
+            verification = s.get("verification_tokens") or {}
+            checked = (f" (verification apart: {verification['computed_tokens']} / {verification['search_tokens']})"
+                       if verification else "")
             lines.append(
                 f"| {side_label(side, s)} | {_ci(s)} | {_ci(s, 'program_test_')} | {s.get('lm_calls')} | "
-                f"{s.get('tokens_processed')} ({split_tokens}{engine_note}) | {_f(s.get('minutes'), '.1f')} | "
+                f"{s.get('tokens_processed')} ({split_tokens}{engine_note}) | "
+                f"{_f(s.get('computed_tokens'), 'd')} / {_f(s.get('search_tokens'), 'd')}{checked} | "
+                f"{_f(s.get('minutes'), '.1f')} | "
                 f"{_f(s.get('prompt_tokens'), '.0f')} | {_f(s.get('instruction_tokens'), '.0f')} | "
                 f"{_f(s.get('ttft_cold_ms'), '.0f')} | {_f(s.get('ttft_warm_ms'), '.0f')} |")
         for kind in peers:
@@ -955,7 +997,9 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                     f"{_f(c.get('quality_diff_ci_high'), '+.3f')}] (paired diff)")
             lines.append(
                 f"| ours/{kind} | {diff} | | {_f(c['lm_calls_ours_over_peer'], '.2f')}x | "
-                f"{_f(c['tokens_processed_ours_over_peer'], '.2f')}x | {_f(c['minutes_ours_over_peer'], '.2f')}x | "
+                f"{_f(c['tokens_processed_ours_over_peer'], '.2f')}x | "
+                f"{_f(c.get('computed_tokens_ours_over_peer'), '.2f')}x / {_f(c.get('search_tokens_ours_over_peer'), '.2f')}x | "
+                f"{_f(c['minutes_ours_over_peer'], '.2f')}x | "
                 f"{_f(c['prompt_tokens_ours_over_peer'], '.2f')}x | {_f(c['instruction_tokens_ours_over_peer'], '.2f')}x | "
                 f"{_f(c['ttft_cold_ms_ours_over_peer'], '.2f')}x | {_f(c['ttft_warm_ms_ours_over_peer'], '.2f')}x |")
         ours = r["sides"]["ours"]
@@ -966,9 +1010,9 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
         lines.append("")
     lines += ["## The goal, per spec and peer", "",
               ("Quality at least the peer's (or inside its 95% interval), fewer prompt tokens, lower cold TTFT, at "
-               f"most {GOAL_TOKENS_SHARE:.2f} of the peer's tokens processed."), "",
+               f"most {GOAL_TOKENS_SHARE:.2f} of the peer's search tokens computed."), "",
               ("| spec | peer | quality (ours - peer, paired) | prompt tokens (ours/peer) | cold TTFT (ours/peer) | "
-               "tokens processed (ours/peer) | all |"), "|---|---|---|---|---|---|---|"]
+               "search tokens computed (ours/peer) | all |"), "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         for kind in peers:
             c = r["comparisons"][kind]
@@ -976,20 +1020,21 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
             lines.append(f"| {name} | {kind} | {_mark(g['quality'])} ({_f(c.get('quality_diff'), '+.3f')}) | "
                          f"{_mark(g['prompt_tokens'])} ({_f(c['prompt_tokens_ours_over_peer'], '.2f')}x) | "
                          f"{_mark(g['ttft_cold'])} ({_f(c['ttft_cold_ms_ours_over_peer'], '.2f')}x) | "
-                         f"{_mark(g['tokens_processed'])} ({_f(c['tokens_processed_ours_over_peer'], '.2f')}x) | "
+                         f"{_mark(g.get('computed_tokens'))} ({_f(c.get('computed_tokens_ours_over_peer'), '.2f')}x) | "
                          f"{'peer failed' if r['sides'][kind].get('error') else _mark(g['met'])} |")
     lines += ["", "## Where we fall short, and why", ""]
     lines += [line for name, r in rows.items() for line in shortfalls(name, r, peers)] or ["Nowhere.", ""]
     lines += ["", "## Where our tokens go (requests that reached the engine, by phase)", "",
-              "| spec | phase | LM calls | prompt tokens | completion tokens | share of tokens |", "|---|---|---|---|---|---|"]
+              "| spec | phase | LM calls | prompt tokens | of them prefix-cached | completion tokens | share of tokens |",
+              "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         ours = r["sides"]["ours"]
         total = max(1, ours["engine_tokens_processed"])
         for phase, p in sorted(ours["phases"].items(), key=lambda kv: -(kv[1]["prompt_tokens"] + kv[1]["completion_tokens"])):
             t = p["prompt_tokens"] + p["completion_tokens"]
-            lines.append(f"| {name} | {phase} | {p['calls']} | {p['prompt_tokens']} | {p['completion_tokens']} | "
-                         f"{100 * t / total:.0f}% |")
-        lines.append(f"| {name} | stage results (asked, cache hits included) | {ours['lm_calls']} | | | "
+            lines.append(f"| {name} | {phase} | {p['calls']} | {p['prompt_tokens']} | {_f(p.get('cached_tokens'), 'd')} | "
+                         f"{p['completion_tokens']} | {100 * t / total:.0f}% |")
+        lines.append(f"| {name} | stage results (asked, cache hits included) | {ours['lm_calls']} | | | | "
                      f"{ours['tokens_processed']} tokens: distill {ours['stage_tokens']['distill']}, optimize "
                      f"{ours['stage_tokens']['optimize']} |")
     lines += ["", "## The peers' instructions, as they wrote them", ""]

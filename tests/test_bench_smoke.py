@@ -208,9 +208,11 @@ def test_bench_optimize(tmp_path, ttft_registry):
 
 
 PEERS_SIDE = ("test_mean", "test_ci_low", "test_ci_high", "test_n", "lm_calls", "tokens_processed",
-              "prompt_tokens_processed", "completion_tokens_processed", "minutes", "prompt_tokens",
+              "prompt_tokens_processed", "completion_tokens_processed", "search_tokens", "computed_tokens",
+              "minutes", "prompt_tokens",
               "instruction_tokens", "ttft_cold_ms", "ttft_warm_ms")
-PEERS_RATIOS = ("lm_calls_ours_over_peer", "tokens_processed_ours_over_peer", "minutes_ours_over_peer",
+PEERS_RATIOS = ("lm_calls_ours_over_peer", "tokens_processed_ours_over_peer", "computed_tokens_ours_over_peer",
+                "search_tokens_ours_over_peer", "minutes_ours_over_peer",
                 "prompt_tokens_ours_over_peer", "instruction_tokens_ours_over_peer", "ttft_cold_ms_ours_over_peer",
                 "ttft_warm_ms_ours_over_peer", "quality_diff", "quality_diff_ci_low", "quality_diff_ci_high")
 
@@ -235,12 +237,17 @@ def test_bench_peers(tmp_path, ttft_registry):
         assert "error" not in s, f"{side}: {s.get('error')}\n{s.get('traceback')}"
         numbers(s, PEERS_SIDE, f"{side}.")
         assert s["test_n"] == 4 and s["lm_calls"] >= 1 and s["tokens_processed"] > 0 and s["prompt_tokens"] > 0
+        assert 0 < s["computed_tokens"] <= s["search_tokens"]
         assert s["ttft_cold_ms"] > 0
         assert set(s["content"]) >= {"system", "user", "inputs", "response_format", "max_tokens"}
     ours = r["sides"]["ours"]
     numbers(ours, ("engine_calls", "engine_tokens_processed", "timing_requests"), "ours.")
     assert ours["phases"] and all(p["calls"] >= 1 for p in ours["phases"].values())
     assert sum(p["calls"] for p in ours["phases"].values()) == ours["engine_calls"]
+    # The goal's count leaves the verification out (the peers' test scoring is not counted either).
+    verified = ours["phases"]["optimize: test verification"]
+    assert ours["search_tokens"] + ours["verification_tokens"]["search_tokens"] == ours["engine_tokens_processed"]
+    assert ours["verification_tokens"]["search_tokens"] == verified["prompt_tokens"] + verified["completion_tokens"]
     for kind in peers:
         s = r["sides"][kind]
         numbers(s, ("program_test_mean", "test_eval_calls", "dspy_prompt_tokens"), f"{kind}.")
@@ -301,10 +308,36 @@ def test_make_bench_shows_progress_and_logs_the_rest(tmp_path, capsys):
 def test_a_failed_peer_is_not_measured_against():
     from bench.bench_peers import goal
 
-    ours = {"test_mean": 0.4, "prompt_tokens": 500, "ttft_cold_ms": 300.0, "tokens_processed": 400_000}
-    peer = {"test_mean": 0.3, "test_ci_low": 0.2, "prompt_tokens": 400, "ttft_cold_ms": 250.0, "tokens_processed": 100_000}
+    ours = {"test_mean": 0.4, "prompt_tokens": 500, "ttft_cold_ms": 300.0, "computed_tokens": 40_000}
+    peer = {"test_mean": 0.3, "test_ci_low": 0.2, "prompt_tokens": 400, "ttft_cold_ms": 250.0, "computed_tokens": 100_000}
     assert goal(ours, peer) == {"quality": True, "prompt_tokens": False, "ttft_cold": False,
-                                "tokens_processed": False, "met": False}
-    failed = {"error": "AdapterParseError: empty response", "tokens_processed": 120_000}
+                                "computed_tokens": False, "met": False}
+    assert goal({**ours, "computed_tokens": 33_333}, peer)["computed_tokens"] is True
+    failed = {"error": "AdapterParseError: empty response", "computed_tokens": 120_000}
     assert goal(ours, failed) == {"quality": None, "prompt_tokens": None, "ttft_cold": None,
-                                  "tokens_processed": None, "met": False}
+                                  "computed_tokens": None, "met": False}
+
+
+def test_search_tokens_count_prefilled_and_plain_tokens_the_same_way_for_every_side():
+    """The peers' CallCounter and ours' PhaseMeter add the same three counts of the engine's
+    results; computed = prompt - prefix-cached + completion."""
+    from bench.bench_peers import CallCounter, PhaseMeter, search_tokens
+    from fakes import FakeEngine
+    from promptdistill.engine.base import GenerationRequest, GenerationResult
+
+    class Cached(FakeEngine):
+        def generate(self, requests, *, progress=False):
+            return [GenerationResult(text="ok", prompt_tokens=100, completion_tokens=5, cached_tokens=64,
+                                     finish_reason="stop", ttft_ms=1.0, e2e_ms=2.0) for _ in requests]
+
+    reqs = [GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=8) for _ in range(3)]
+    counter, meter = CallCounter(Cached()), PhaseMeter(Cached())
+    counter.generate(reqs)
+    meter.generate(reqs)
+    assert counter.calls == 3 and counter.tokens == {"prompt_tokens": 300, "cached_tokens": 192, "completion_tokens": 15}
+    (row,) = meter.phases.values()
+    expected = {"search_tokens": 315, "computed_tokens": 123}
+    assert search_tokens([counter.tokens]) == search_tokens([row]) == expected
+    assert search_tokens([row, row]) == {"search_tokens": 630, "computed_tokens": 246}
+    # A row written before cached tokens were counted (a merged old report) counts none as cached.
+    assert search_tokens([{"prompt_tokens": 10, "completion_tokens": 1}]) == {"search_tokens": 11, "computed_tokens": 11}

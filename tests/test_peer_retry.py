@@ -91,12 +91,14 @@ def test_a_peer_failing_every_attempt_gets_a_failure_row():
 
     # The side run_peer makes of it (the record, and the cost of every attempt), in the report.
     mipro = {"kind": "mipro", **record, "minutes": 7.8, "lm_calls": 240, "tokens_processed": 300000,
-             "prompt_tokens_processed": 290000, "completion_tokens_processed": 10000}
+             "prompt_tokens_processed": 290000, "completion_tokens_processed": 10000, "search_tokens": 300000,
+             "computed_tokens": 120000}
     ours = {"winner": "v1", "kept_baseline": False, "reason": "better", "lm_calls": 100, "tokens_processed": 1000,
             "prompt_tokens_processed": 900, "completion_tokens_processed": 100, "engine_tokens_processed": 1000,
             "stage_tokens": {"distill": 500, "optimize": 500}, "phases": {}, "test_mean": 0.5, "test_ci_low": 0.4,
             "test_ci_high": 0.6, "test_n": 100, "prompt_tokens": 200, "instruction_tokens": 50, "minutes": 3.0,
-            "ttft_cold_ms": 100.0, "ttft_warm_ms": 50.0}
+            "ttft_cold_ms": 100.0, "ttft_warm_ms": 50.0, "search_tokens": 800, "computed_tokens": 300,
+            "verification_tokens": {"search_tokens": 200, "computed_tokens": 90}}
     comparison = {**{f"{k}_ours_over_peer": None for k in RATIO_FIELDS}, "goal": goal(ours, mipro)}
     rows = {"invoice_extraction": {"split": {"train": 100, "dev": 100, "test": 100}, "minutes": 12.0,
                                    "sides": {"ours": ours, "mipro": mipro}, "comparisons": {"mipro": comparison}}}
@@ -105,7 +107,9 @@ def test_a_peer_failing_every_attempt_gets_a_failure_row():
     md = markdown(rows, config, 12.0)
     row = next(line for line in md.splitlines() if line.startswith("| mipro"))
     assert "failed 3 attempt(s): AdapterParseError: The LM returned an empty or null response." in row
-    assert "| 240 | 300000 (290000 + 10000) |" in row
+    assert "| 240 | 300000 (290000 + 10000) | 120000 / 300000 |" in row
+    ours_row = next(line for line in md.splitlines() if line.startswith("| ours |"))
+    assert "| 300 / 800 (verification apart: 90 / 200) |" in ours_row
     line = next(line for line in md.splitlines() if line.startswith("- mipro:"))
     assert line.startswith("- mipro: failed all 3 attempt(s); tried (1) JSONAdapter seed 9")
     assert "(2) JSONAdapter seed 10" in line and "(3) ChatAdapter seed 9" in line
