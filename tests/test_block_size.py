@@ -356,6 +356,13 @@ def test_no_restore_for_the_original_a_rewrite_or_when_switched_off():
     assert restored_variants(spec, pruned) and restored_variants(spec, rewrite) == []
     assert restored_variants(spec, spec) == []
     assert run.block_aligned([_candidate(run, "original", spec), _candidate(run, "rw", rewrite)]) == []
+    # One clause pruned: its only restore is the original instruction, which the grid already has
+    # (a model that favours longer prompts, so that restores are added at all).
+    longer, _, _ = _pruned_run(ms_per_token=-0.05)
+    one_off = [apply_clauses(spec, {c.id for c in split_clauses(spec)} - {c.id}) for c in free]
+    restorable = [p for p in one_off if longer.block_aligned([_candidate(longer, "p", p)])]
+    longer.grid = [_candidate(longer, "original", spec)]
+    assert restorable and all(longer.block_aligned([_candidate(longer, "p", p)]) == [] for p in restorable)
 
 
 # --- the real engine and server (run by the maintainers: `-m "engine or server"`) -----------

@@ -8,8 +8,8 @@ The run, in order (each step a method of ``OptimizeRun``, the state ``finish`` r
 3. per fixed count, the example set with the best screen score among a few draws;
 4. the grid (instruction variants x none/fixed/similar x counts); every candidate's TTFT
    predicted cold and warm with the fitted TTFT model; what cannot fit the context is dropped;
-   per pruned candidate, the variant with one pruned clause restored when that ends its
-   static prefix on a KV block edge and is predicted cheaper (``blocks.py``);
+   per pruned candidate, the variant with one pruned clause restored when that caches more
+   of its static prefix in whole KV blocks and is predicted cheaper (``blocks.py``);
 5. screen the grid, then race the finalists against the baseline on the certify records
    (:mod:`promptdistill.search.racing`): a finalist can win only when certified
    non-inferior, and replaces the baseline only when its predicted TTFT is lower by more
@@ -364,11 +364,15 @@ class OptimizeRun:
         cost is lowest, when it caches more of the static prefix warm and costs less than
         its source (:mod:`promptdistill.optimize.blocks`)."""
         out: list[ExampleCandidate] = []
+        # A restore that renders a prompt already in the grid (all clauses back: the original) adds nothing.
+        rendered = {(build_system(c.spec, c.examples), c.spec.user) for c in [self.baseline, *self.grid] if c}
         for cand in cands if self.budget.block_aligned else ():
             if cand.strategy not in ("none", "fixed") or cand.variant == "original":
                 continue
             options = []
             for cid, spec in restored_variants(self.spec, cand.spec):
+                if (build_system(spec, cand.examples), spec.user) in rendered:
+                    continue
                 alt = ExampleCandidate(id=f"{cand.variant}+{cid}/{cand.id.rsplit('/', 1)[-1]}", spec=spec,
                                        examples=cand.examples, variant=f"{cand.variant}+{cid}",
                                        strategy=cand.strategy, k=cand.k, subset=cand.subset)
