@@ -38,11 +38,12 @@ its interval); LM calls and prompt/completion tokens processed (the peers: count
 DSPy bridge, below DSPy's cache; ours: from the stage results, and below our LM cache by a
 meter that also splits them by phase); the search's tokens counted the same way for every
 side at the engine (``search_tokens``: computed, i.e. prefilled past vLLM's prefix cache
-plus completion, and prompt + completion; ours' held-out verification apart); wall minutes; the resulting prompt's total tokens
-(the rendered chat prompt, served tokenizer, mean over the test records) and instruction
-tokens (``Spec.instruction_text()``); measured TTFT cold and warm
-(``optimize.verify.measure_ttft``; a peer's by ``bench.peer_export.measure_ttft``, which
-renders its demo turns; every template one after the other, after all runs).
+plus completion, and prompt + completion; ours' held-out verification apart); wall
+minutes; the resulting prompt's total tokens (the rendered chat prompt, served tokenizer,
+mean over the test records) and instruction tokens (``Spec.instruction_text()``); measured
+TTFT cold and warm (``optimize.verify.measure_ttft``; a peer's by
+``bench.peer_export.measure_ttft``, which renders its demo turns; every template one after
+the other, after all runs).
 Scoring the peers' programs and templates on test is not part of their cost, nor is ours'
 held-out verification of the goal's count (it is reported beside it: the nightly does it).
 
