@@ -63,4 +63,4 @@ def static_tail(static_tokens: float, block: int) -> int:
         >>> static_tail(205, 32), static_tail(224, 32)
         (13, 0)
     """
-    return int(round(static_tokens)) % block if block > 0 else 0
+    return round(static_tokens) % block if block > 0 else 0
