@@ -634,6 +634,83 @@ def test_screen_orders_finalists_the_same_whatever_the_input_order():
     assert len(orders) == 1, orders
 
 
+def test_screening_only_open_candidates_finds_the_same_finalists_with_fewer_evaluations():
+    """``every=False`` leaves out candidates that could not be finalists whatever their
+    quality: over random grids (costs, resolutions, scores, finalists, an ineligible
+    candidate) the finalists are exactly those of screening everything, in the same order."""
+    rng = np.random.default_rng(7)
+    saved = 0
+    for trial in range(300):
+        n_cands, n_rec = int(rng.integers(1, 9)), 8
+        res = float(rng.choice([0.0, 5.0, 20.0]))
+        limit = int(rng.integers(1, 4))
+        costs = rng.choice(np.arange(40.0, 130.0, 3.0), size=n_cands)
+        scores = {"baseline": rng.integers(0, 2, n_rec).astype(float).tolist()}
+        for i in range(n_cands):
+            scores[f"c{i}"] = rng.integers(0, 2, n_rec).astype(float).tolist()
+        excluded = f"c{int(rng.integers(0, n_cands))}" if trial % 3 == 0 else None
+
+        def run(every: bool) -> tuple[list[str], FakeEvaluator, list[Candidate]]:
+            base = cand("baseline", 100.0, static=300)
+            cands = [cand(f"c{i}", float(c), static=int(c) * 2) for i, c in enumerate(costs)]
+            ev = FakeEvaluator(scores)
+            finalists = screen(base, cands, numbered_records(n_rec), ev, budget=Budget(FakeMeter(), **GENEROUS),
+                               settings=RaceSettings(margin=0.125, finalists=limit), resolution=lambda a, b: res,
+                               eligible=lambda c: c.id != excluded, every=every)
+            return [c.id for c in finalists], ev, cands
+
+        every_ids, every_ev, _ = run(True)
+        open_ids, open_ev, cands = run(False)
+        assert open_ids == every_ids, (trial, costs, res, limit)
+        evaluated = sum(len(ids) for ids, _ in open_ev.calls)
+        assert evaluated <= sum(len(ids) for ids, _ in every_ev.calls)
+        saved += sum(len(ids) for ids, _ in every_ev.calls) - evaluated
+        for c in cands:
+            if c.screen is None and c.id != excluded:
+                assert len(c.notes) == 1 and c.notes[0].startswith("screening: "), c.notes
+    assert saved > 100  # it does leave candidates out
+
+
+def test_screening_only_open_candidates_stops_at_the_first_window_that_settles_the_finalist():
+    """Cheapest first, a window of candidates within the resolution at a time: once the
+    finalist is found, a candidate dearer than it beyond the resolution is not screened."""
+    base = cand("baseline", 100.0, static=300)
+    cands = [cand("a", 40.0), cand("b", 44.0), cand("c", 60.0), cand("d", 99.0), cand("slow", 150.0)]
+    ev = FakeEvaluator({"baseline": [0.5] * 8, "a": [0.25] * 8, "b": [0.5] * 8, "c": [1.0] * 8, "d": [1.0] * 8,
+                        "slow": [1.0] * 8})
+    finalists = screen(base, cands, numbered_records(8), ev, budget=Budget(FakeMeter(), **GENEROUS),
+                       settings=RaceSettings(margin=0.3, finalists=1), resolution=lambda a, b: 5.0, every=False)
+    # a (plausible: -0.25 within the 0.3 margin) and b tie within 5: b's better quality wins.
+    assert [c.id for c in finalists] == ["b"]
+    assert [ids for ids, _ in ev.calls] == [["baseline", "a", "b"]]
+    by_id = {c.id: c for c in cands}
+    assert by_id["c"].screen is None and by_id["c"].notes == [
+        "screening: not screened: dearer, beyond the resolution, than the finalists found, so it could not be one "
+        "whatever its quality (cost 60.0)"]
+    assert by_id["slow"].notes == ["screening: cannot beat the baseline (cost 150.0 vs 100.0, resolution 5.0)"]
+    # With three finalists the next window (c) is screened too, and only it: d is dearer than c beyond 5.
+    for c in cands:
+        c.screen, c.notes, c.lm_calls = None, [], 0
+    base.screen = None
+    ev = FakeEvaluator(ev.scores)
+    finalists = screen(base, cands, numbered_records(8), ev, budget=Budget(FakeMeter(), **GENEROUS),
+                       settings=RaceSettings(margin=0.3, finalists=3), resolution=lambda a, b: 5.0, every=False)
+    assert [c.id for c in finalists] == ["b", "a", "c"]
+    assert [ids for ids, _ in ev.calls] == [["baseline", "a", "b"], ["c"]]
+
+
+def test_screening_only_open_candidates_under_a_budget_notes_what_it_cut():
+    meter = FakeMeter()
+    base = cand("baseline", 100.0, static=300)
+    cands = [cand("a", 40.0), cand("b", 60.0), cand("c", 80.0)]
+    ev = FakeEvaluator({"baseline": [0.5] * 8, "a": [0.0] * 8, "b": [0.0] * 8, "c": [0.5] * 8}, meter=meter)
+    budget = Budget(meter, max_calls=3 * 8, max_minutes=60)  # the baseline and two candidates
+    finalists = screen(base, cands, numbered_records(8), ev, budget=budget, settings=RaceSettings(margin=0.25),
+                       resolution=EXACT, every=False)
+    assert finalists == [] and [ids for ids, _ in ev.calls] == [["baseline", "a"], ["b"]]
+    assert cands[2].screen is None and cands[2].notes == ["budget: LM calls (24) allowed 0 of 1 candidates screened"]
+
+
 # --- race -----------------------------------------------------------------------------------
 
 N_POOL = 400

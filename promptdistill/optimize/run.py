@@ -77,6 +77,8 @@ class OptimizeBudget:
                                               at_least=0, at_most=8)
     fixed_subsets: int = setting(2, "example sets tried per fixed count (the spec's own rule first)", at_least=0)
     max_variants: int = setting(3, "instruction variants, the original included", at_least=1)
+    screen_every: bool = setting(False, "screen every candidate, so the trade-off table shows each one's quality; "
+                                 "off: only those that could still be a finalist (the same finalists, fewer LM calls)")
     block_aligned: bool = setting(True, "add, per pruned candidate, the variant with one pruned clause restored when "
                                   "it caches more of the static prefix in whole KV blocks and is predicted cheaper")
     feature_records: int = setting(6, "dev records whose prompts the TTFT predictions average over", at_least=1)
@@ -224,9 +226,10 @@ class OptimizeRun:
         cand.prediction["longest_prompt_tokens"] = worst
         return worst + self.max_tokens <= self.meter.identity.max_model_len
 
-    def screen(self, cands: Sequence[Candidate], keep: int | None = None) -> list[Candidate]:
+    def screen(self, cands: Sequence[Candidate], **kwargs: Any) -> list[Candidate]:
+        """:func:`promptdistill.search.racing.screen` against the baseline (``keep``, ``eligible``, ``every``)."""
         return screen(self.baseline, cands, self.splits.screen, self.evaluate, budget=self.search_budget,
-                      settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record, keep=keep)
+                      settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record, **kwargs)
 
     # -- steps ------------------------------------------------------------------------
     def evaluate_baseline(self) -> ExampleCandidate:
@@ -336,25 +339,24 @@ class OptimizeRun:
             for cand in runnable:
                 cand.notes.append(f"not screened: {self.kept_reason}")
             return
-        ranked = self.screen(runnable, keep=len(runnable))
-        if self.baseline.screen is None:
-            self.kept_reason = self.search_budget.reason or "the baseline could not be screened"
-            return
-        self.kept_reason = unmeasured_quality(self.baseline.screen.scores)
-        if self.kept_reason:
-            return
         slo = self.spec.slo.ttft_ms
-        eligible = []
-        for cand in ranked:
+        eligible = set()
+        for cand in runnable:
             if not (cand.publishable or self.rule.allow_per_request_examples):
                 cand.notes.append("per-request examples: not publishable as a static template")
             elif slo is not None and cand.cost > slo:
                 cand.notes.append(f"misses the SLO: predicted {self.rule.ttft} TTFT {cand.cost:.0f} ms > {slo:g} ms")
             else:
-                eligible.append(cand)
-        self.finalists = eligible[: self.rule.finalists]
-        for cand in eligible[self.rule.finalists:]:
-            cand.notes.append(f"screening: not among the {self.rule.finalists} finalists")
+                eligible.add(id(cand))
+        self.finalists = self.screen(runnable, keep=self.rule.finalists, eligible=lambda c: id(c) in eligible,
+                                     every=self.budget.screen_every)
+        if self.baseline.screen is None:
+            self.kept_reason = self.search_budget.reason or "the baseline could not be screened"
+            return
+        self.kept_reason = unmeasured_quality(self.baseline.screen.scores)
+        if self.kept_reason:
+            self.finalists = []
+            return
         self.plan = self.make_plan()
         race(self.baseline, self.finalists, self.splits.certify, self.evaluate, budget=self.search_budget,
              settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record)

@@ -220,35 +220,91 @@ def _evaluate(cands: list[Candidate], records: Sequence[Record], part: str, eval
 
 def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
            budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
-           keep: int | None = None) -> list[Candidate]:
+           keep: int | None = None, eligible: Callable[[Candidate], bool] | None = None,
+           every: bool = True) -> list[Candidate]:
     """Evaluate on the screen records and return the finalists, best first (see the module docstring).
 
     Candidates already screened (a report covering every screen record) are not evaluated
     again. When the budget cannot cover every candidate, the cheapest are screened and the
-    rest are noted as not screened.
+    rest are noted as not screened. Only ``eligible`` candidates (default: all) can be
+    finalists.
+
+    ``every=False`` screens only what could still change the finalists: cheapest first, a
+    window of candidates within the resolution of each other at a time, until every
+    candidate left could not be among the finalists even with the best quality possible
+    (it is dearer, beyond the resolution, than the finalists already found), or could not
+    beat the baseline at all. The finalists are the same as with ``every=True``; the
+    candidates left out have no screen quality (the trade-off table shows fewer points).
     """
-    todo = [c for c in candidates if c.screen is None or c.screen.n < len(records)]
-    if baseline.screen is None or baseline.screen.n < len(records):
-        todo = [baseline, *todo]
-    todo.sort(key=lambda c: (c is not baseline, c.cost))
-    can = budget.affordable(len(todo), calls_per_record * len(records), "candidates screened")
-    for cand in todo[can:]:
+    limit = settings.finalists if keep is None else keep
+    can_final = eligible or (lambda c: True)
+    n = len(records)
+
+    def pending() -> list[Candidate]:
+        return sorted((c for c in candidates if c.screen is None or c.screen.n < n), key=lambda c: (c.cost, c.id))
+
+    cut: list[Candidate] = []
+    """Left out by the budget."""
+
+    def batch(cands: list[Candidate]) -> bool:
+        """Screen ``cands`` (the baseline first when it still needs it); False when the budget cut them short."""
+        todo = ([baseline] if baseline.screen is None or baseline.screen.n < n else []) + cands
+        can = budget.affordable(len(todo), calls_per_record * n, "candidates screened")
+        cut.extend(todo[can:])
+        _evaluate(todo[:can], records, "screen", evaluate)
+        return can == len(todo)
+
+    def still_open() -> list[Candidate]:
+        """Not screened, and could be a finalist (all of them while the baseline is unscreened)."""
+        contenders = [c for c in candidates if c.screen is not None and c.screen.n >= n and can_final(c)
+                      and _screen_tier(c, baseline, settings.margin, resolution) == 0]
+        return [c for c in pending() if c not in cut and can_final(c) and (
+            baseline.screen is None or _could_be_finalist(c, baseline, contenders, limit, resolution))]
+
+    if every:
+        batch(pending())
+    else:
+        while True:
+            open_ = still_open()
+            window = [c for c in open_ if c.cost - open_[0].cost <= resolution(c, open_[0])] if open_ else []
+            # An empty window still screens the baseline when it needs it.
+            if not batch(window) or not window:
+                break
+        if cut:
+            cut.extend(still_open())
+        for cand in pending():
+            if cand in cut or not can_final(cand):
+                continue
+            cand.notes.append(_screen_note(cand, baseline, settings.margin, resolution)
+                              if not can_beat(cand, baseline, resolution, best_is_baseline=True) else
+                              "screening: not screened: dearer, beyond the resolution, than the finalists found, so "
+                              f"it could not be one whatever its quality (cost {cand.cost:.1f})")
+    for cand in cut:
         cand.notes.append(budget.reason or "not screened (budget)")
-    _evaluate(todo[:can], records, "screen", evaluate)
     if baseline.screen is None:
         return []
-    screened = [c for c in candidates if c.screen is not None and c.screen.n >= len(records)]
+    screened = [c for c in candidates if c.screen is not None and c.screen.n >= n]
     tiers = {id(c): _screen_tier(c, baseline, settings.margin, resolution) for c in screened}
-    finalists = preference_order([c for c in screened if tiers[id(c)] == 0], resolution, baseline)
-    ranked = finalists + sorted((c for c in screened if tiers[id(c)] > 0),
+    finalists = preference_order([c for c in screened if tiers[id(c)] == 0 and can_final(c)], resolution, baseline)
+    ranked = finalists + sorted((c for c in screened if c not in finalists),
                                 key=lambda c: (tiers[id(c)], -_screen_diff(c, baseline), c.id))
     for cand in ranked:
-        if cand not in finalists:
+        if cand not in finalists and can_final(cand):
             cand.notes.append(_screen_note(cand, baseline, settings.margin, resolution))
-    limit = settings.finalists if keep is None else keep
     for cand in finalists[limit:]:
         cand.notes.append(f"screening: not among the {limit} finalists")
     return finalists[:limit]
+
+
+def _could_be_finalist(cand: Candidate, baseline: Candidate, contenders: Sequence[Candidate], limit: int,
+                       resolution: Resolution) -> bool:
+    """Could ``cand``, not yet screened, be among the first ``limit`` finalists? Only if it can
+    beat the baseline and, given the best quality possible, selection would prefer it before
+    ``limit`` of the screened ``contenders`` (with any lower quality it joins the same ties
+    or none, so the contenders' order does not change without it)."""
+    if not can_beat(cand, baseline, resolution, best_is_baseline=True):
+        return False
+    return cand in preference_order([*contenders, cand], resolution, baseline, best_case=cand)[:limit]
 
 
 def _screen_diff(cand: Candidate, base: Candidate) -> float:
@@ -402,14 +458,18 @@ def quality_gap(cand: Candidate, baseline: Candidate) -> float | None:
     return None
 
 
-def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Candidate | None) -> Candidate:
+def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Candidate | None,
+               best_case: Candidate | None = None) -> Candidate:
     """The candidate selection takes from ``pool`` (the baseline not in it): the cheapest,
     or within the resolution of it the higher quality, then fewer static tokens, then the
-    id (the result does not depend on the order of ``pool``)."""
+    id (the result does not depend on the order of ``pool``). ``best_case``: a candidate
+    taken at the highest quality possible (not screened yet)."""
     cheapest = min(pool, key=lambda c: (c.cost, c.static_tokens, c.id))
     ties = [c for c in pool if c.cost - cheapest.cost <= resolution(c, cheapest)]
 
     def quality(c: Candidate) -> float:
+        if c is best_case:
+            return float("inf")
         gap = quality_gap(c, baseline) if baseline is not None else None
         value = gap if gap is not None else c.mean
         return -2.0 if value is None else value
@@ -418,12 +478,12 @@ def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Cand
 
 
 def preference_order(cands: Sequence[Candidate], resolution: Resolution,
-                     baseline: Candidate | None = None) -> list[Candidate]:
+                     baseline: Candidate | None = None, best_case: Candidate | None = None) -> list[Candidate]:
     """``cands`` in the order selection prefers them (the preferred one, then the preferred
     of the rest, and so on)."""
     rest, out = list(cands), []
     while rest:
-        best = _preferred(rest, resolution, baseline)
+        best = _preferred(rest, resolution, baseline, best_case)
         out.append(best)
         rest.remove(best)
     return out
