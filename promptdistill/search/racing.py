@@ -13,7 +13,9 @@ search this way; only their candidates, their evaluation and their cost differ.
    records are spent only on decisions still open. The finalists are the plausible candidates that
    could beat the baseline, cheapest first, then the rest by difference; at most
    ``finalists`` of them, in the order selection would prefer them. Screening only chooses
-   what to race: it never certifies.
+   what to race: it never certifies. With ``every=False`` (the optimizer's default) it
+   screens cheapest first and stops once no candidate left could be a finalist whatever
+   its quality: the same finalists for fewer LM calls.
 2. **Race** (:func:`race`): the baseline and the finalists on growing batches of the
    certify records (``looks``: 50, 100, 200, ... up to the pool, planned before any
    record is scored). After each batch the test for the metric's kind of score
