@@ -128,6 +128,25 @@ def test_a_candidate_without_a_needed_rule_is_caught_by_screening(triage):
     assert MAIN_RULE in result.winner.text
 
 
+def test_screening_only_what_could_be_chosen_changes_no_choice_and_saves_calls(triage):
+    """Each round's next base and the raced finalists are the same whether every candidate
+    is screened or only those that could still be chosen; the latter spends fewer calls."""
+    spec, splits = triage
+    prunable = [c for c in split_clauses(spec) if not c.protected]
+    judge = {c.text[:20]: score for c, score in zip(prunable, [2, 3, 4, 1, 3, 2, 4])} | {MAIN_RULE[:20]: 5}
+    runs = {every: distill(triage_engine(records(splits), judge_scores=judge), spec, splits=splits,
+                           config=small(max_rounds=2, calibrate=False, thresholds=(0.25, 0.5, 0.75),
+                                        screen_every=every)) for every in (True, False)}
+    every, lazy = runs[True], runs[False]
+    assert lazy.winner.id == every.winner.id and len(lazy.finalists) == 3 and lazy.finalists == every.finalists
+    assert lazy.reason == every.reason and lazy.rounds == every.rounds
+    assert [(r["round"], r["clause_id"], r["kept"]) for r in lazy.clause_rows] == \
+        [(r["round"], r["clause_id"], r["kept"]) for r in every.clause_rows]
+    assert lazy.total_lm_calls < every.total_lm_calls
+    unscreened = [c for c in lazy.candidates if c.screen is None]
+    assert unscreened and all(len(c.notes) == 1 and c.notes[0].startswith("screening: ") for c in unscreened)
+
+
 def test_a_pool_too_small_to_certify_keeps_the_original_and_says_why(triage):
     spec, _ = triage
     splits = split_records(spec, seed=0, screen_size=8, dev_size=24, test_size=4)

@@ -79,6 +79,8 @@ class DistillConfig:
     # The nightly turns the race off: the optimizer races the same finalists (with its
     # example settings) against the same baseline, so a race here would spend the same records twice.
     race: bool = setting(True, "race the finalists on the certify records")
+    screen_every: bool = setting(False, "screen every candidate (the candidates table shows each one's quality); off: "
+                                 "only those that could still be chosen (the same choice, fewer LM calls)")
     ablation: bool = setting(True, "score clauses by ablation too (drop each, measure the screen score)")
     rewrite: bool = setting(True, "rewrite kept clauses with distill_rewrite, besides pruning")
     proposals: tuple[str, ...] = setting((), "extra instructions to consider in round 1 (e.g. from MIPROv2 or GEPA)")
@@ -217,9 +219,10 @@ class _Run:
                                       base, keep))
         return out
 
-    def screen(self, cands: Sequence[DistillCandidate], keep: int | None = None) -> list[Candidate]:
+    def screen(self, cands: Sequence[DistillCandidate], **kwargs: Any) -> list[Candidate]:
+        """:func:`promptdistill.search.racing.screen` against the original (``keep``, ``eligible``, ``every``)."""
         return screen(self.original, cands, self.splits.screen, self.evaluate, budget=self.budget,
-                      settings=self.settings, resolution=_exact, calls_per_record=self.per_record, keep=keep)
+                      settings=self.settings, resolution=_exact, calls_per_record=self.per_record, **kwargs)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> DistillResult:
@@ -247,10 +250,12 @@ class _Run:
                     self.clause_scores += [(rnd, s, True) for s in scores]
                     stop = f"max_rounds ({self.config.max_rounds}) reached"
                     break
-                ranked = self.screen(cands, keep=len(cands))
-                step = next((c for c in ranked if c.cost < best.cost), None)
-                log.info("round %d: %d candidates, %d plausible; next: %s (%d LM calls so far)", rnd, len(cands),
-                         len(ranked), step.id if step else "none", self.meter.calls)
+                # The next round starts from the cheapest plausible candidate shorter than this round's base.
+                ranked = self.screen(cands, keep=1, eligible=lambda c, cost=best.cost: c.cost < cost,
+                                     every=self.config.screen_every)
+                step = ranked[0] if ranked else None
+                log.info("round %d: %d candidates, %d screened; next: %s (%d LM calls so far)", rnd, len(cands),
+                         sum(c.screen is not None for c in cands), step.id if step else "none", self.meter.calls)
                 kept = set(step.kept) if step is not None else {c.id for c in clauses}
                 self.clause_scores += [(rnd, s, s.clause.protected or s.clause.id in kept) for s in scores]
                 if self.budget.reason:
@@ -264,7 +269,8 @@ class _Run:
             else:
                 stop = f"max_rounds ({self.config.max_rounds}) reached"
         if self.config.race:
-            finalists = self.screen(self.candidates[1:]) if self.original.screen is not None else []
+            finalists = self.screen(self.candidates[1:], every=self.config.screen_every) \
+                if self.original.screen is not None else []
         else:
             # The optimizer screens the variants itself, with its example settings: hand over
             # every candidate, shortest first, without spending records on them here.

@@ -241,6 +241,8 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
     limit = settings.finalists if keep is None else keep
     can_final = eligible or (lambda c: True)
     n = len(records)
+    for cand in candidates:  # what an earlier screening said (a distiller round) is superseded
+        cand.notes[:] = [note for note in cand.notes if not note.startswith("screening: ")]
 
     def pending() -> list[Candidate]:
         return sorted((c for c in candidates if c.screen is None or c.screen.n < n), key=lambda c: (c.cost, c.id))
