@@ -642,8 +642,10 @@ def test_screening_only_open_candidates_finds_the_same_finalists_with_fewer_eval
     saved = 0
     for trial in range(300):
         n_cands, n_rec = int(rng.integers(1, 9)), 8
-        res = float(rng.choice([0.0, 5.0, 20.0]))
+        res = float(rng.choice([0.0, 5.0, 20.0, -0.1]))  # -0.1: 10% of the dearer one's cost (the optimizer's kind)
+        resolution = (lambda a, b: 0.1 * max(a.cost, b.cost)) if res < 0 else (lambda a, b, r=res: r)
         limit = int(rng.integers(1, 4))
+        carried = {f"c{i}" for i in range(n_cands) if rng.random() < 0.2}  # screened before (a distiller round)
         costs = rng.choice(np.arange(40.0, 130.0, 3.0), size=n_cands)
         scores = {"baseline": rng.integers(0, 2, n_rec).astype(float).tolist()}
         for i in range(n_cands):
@@ -653,9 +655,12 @@ def test_screening_only_open_candidates_finds_the_same_finalists_with_fewer_eval
         def run(every: bool) -> tuple[list[str], FakeEvaluator, list[Candidate]]:
             base = cand("baseline", 100.0, static=300)
             cands = [cand(f"c{i}", float(c), static=int(c) * 2) for i, c in enumerate(costs)]
+            for c in cands:
+                if c.id in carried:
+                    c.screen = fake_report(c.id, scores[c.id], ids=[str(i) for i in range(n_rec)])
             ev = FakeEvaluator(scores)
             finalists = screen(base, cands, numbered_records(n_rec), ev, budget=Budget(FakeMeter(), **GENEROUS),
-                               settings=RaceSettings(margin=0.125, finalists=limit), resolution=lambda a, b: res,
+                               settings=RaceSettings(margin=0.125, finalists=limit), resolution=resolution,
                                eligible=lambda c: c.id != excluded, every=every)
             return [c.id for c in finalists], ev, cands
 
@@ -685,8 +690,8 @@ def test_screening_only_open_candidates_stops_at_the_first_window_that_settles_t
     assert [ids for ids, _ in ev.calls] == [["baseline", "a", "b"]]
     by_id = {c.id: c for c in cands}
     assert by_id["c"].screen is None and by_id["c"].notes == [
-        "screening: not screened: dearer, beyond the resolution, than the finalists found, so it could not be one "
-        "whatever its quality (cost 60.0)"]
+        "screening: not screened: it could not be among the 1 finalist(s) whatever its quality (cost 60.0; the "
+        "cheaper candidates screened first)"]
     assert by_id["slow"].notes == ["screening: cannot beat the baseline (cost 150.0 vs 100.0, resolution 5.0)"]
     # With three finalists the next window (c) is screened too, and only it: d is dearer than c beyond 5.
     for c in cands:

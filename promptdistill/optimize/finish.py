@@ -80,9 +80,11 @@ def candidate_rows(run: OptimizeRun, winner_id: str) -> pd.DataFrame:
 def density_curve(df: pd.DataFrame) -> pd.DataFrame:
     """Quality against the instruction's semantic density, one row per instruction variant.
 
-    ``quality`` is the mean screen score over the variant's candidates (every screened
-    candidate saw the same records), so variants are compared on the same records and
-    averaged over example settings; ``best_quality`` is its best candidate there.
+    ``quality`` is the mean screen score over the variant's screened candidates (every
+    screened candidate saw the same records); ``best_quality`` is its best candidate there;
+    ``candidates``: how many were screened. A search that screens only possible finalists
+    (``OptimizeBudget.screen_every`` off) screens a cost-ordered few, so the curve compares
+    variants over different example settings: set it on to read this curve.
     """
     ev = df[df["screen_quality"].notna()]
     if ev.empty:
@@ -102,6 +104,7 @@ def cache_tradeoff(df: pd.DataFrame) -> pd.DataFrame:
     ev = df[df["strategy"] != "baseline"]
     if ev.empty:
         return pd.DataFrame()
+    ev = ev.assign(screen_quality=ev["screen_quality"].astype(float))
     g = ev.groupby(["strategy", "k"]).agg(
         screen_quality=("screen_quality", "mean"), screened=("screen_quality", "count"),
         ttft_cold_ms=("ttft_cold_ms", "mean"),

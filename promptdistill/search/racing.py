@@ -235,14 +235,18 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
     window of candidates within the resolution of each other at a time, until every
     candidate left could not be among the finalists even with the best quality possible
     (it is dearer, beyond the resolution, than the finalists already found), or could not
-    beat the baseline at all. The finalists are the same as with ``every=True``; the
-    candidates left out have no screen quality (the trade-off table shows fewer points).
+    beat the baseline at all. Unless the budget cuts the screen short, the finalists are
+    those of ``every=True`` (for a candidate's replies that do not depend on the batch it
+    is in: deterministic, or from the LM cache); the candidates left out have no screen
+    quality (the trade-off table shows fewer points).
     """
     limit = settings.finalists if keep is None else keep
     can_final = eligible or (lambda c: True)
     n = len(records)
+    old_budget_notes = {budget.reason, "not screened (budget)"}
     for cand in candidates:  # what an earlier screening said (a distiller round) is superseded
-        cand.notes[:] = [note for note in cand.notes if not note.startswith("screening: ")]
+        cand.notes[:] = [note for note in cand.notes if not note.startswith("screening: ")
+                         and note not in old_budget_notes]
 
     def pending() -> list[Candidate]:
         return sorted((c for c in candidates if c.screen is None or c.screen.n < n), key=lambda c: (c.cost, c.id))
@@ -265,7 +269,7 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
         return [c for c in pending() if c not in cut and can_final(c) and (
             baseline.screen is None or _could_be_finalist(c, baseline, contenders, limit, resolution))]
 
-    if every:
+    if every or not n:
         batch(pending())
     else:
         while True:
@@ -281,10 +285,11 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
                 continue
             cand.notes.append(_screen_note(cand, baseline, settings.margin, resolution)
                               if not can_beat(cand, baseline, resolution, best_is_baseline=True) else
-                              "screening: not screened: dearer, beyond the resolution, than the finalists found, so "
-                              f"it could not be one whatever its quality (cost {cand.cost:.1f})")
+                              f"screening: not screened: it could not be among the {limit} finalist(s) whatever "
+                              f"its quality (cost {cand.cost:.1f}; the cheaper candidates screened first)")
     for cand in cut:
-        cand.notes.append(budget.reason or "not screened (budget)")
+        if cand is baseline or can_final(cand):  # an ineligible one says why it is anyway
+            cand.notes.append(budget.reason or "not screened (budget)")
     if baseline.screen is None:
         return []
     screened = [c for c in candidates if c.screen is not None and c.screen.n >= n]
