@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import re
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -41,25 +40,31 @@ from promptdistill.core.jsonio import TextFileError, read_text
 
 __all__ = ["register"]
 
-_DIGITS = re.compile(r"[0-9]{1,12}")
 _MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only, as the registry reads versions (imported here: building the parser loads no registry)."""
+    from promptdistill.registry.records import ASCII_DIGITS
+
+    return ASCII_DIGITS.fullmatch(text) is not None
 
 
 def _version(text: str) -> int:
     """A version argument: ASCII digits only (int() would also take "３")."""
-    if not _DIGITS.fullmatch(text) or int(text) < 1:
+    if not _digits(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid version {text!r}: versions are integers from 1 (ASCII digits)")
     return int(text)
 
 
 def _seconds(text: str) -> int:
-    if not _DIGITS.fullmatch(text) or int(text) < 1:
+    if not _digits(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: whole seconds from 1")
     return int(text)
 
 
 def _count(text: str) -> int:
-    if not _DIGITS.fullmatch(text):
+    if not _digits(text):
         raise argparse.ArgumentTypeError(f"invalid count {text!r}: a whole number from 0")
     return int(text)
 
@@ -247,7 +252,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _ref_b(a: str, b: str) -> str:
     name = a.split("@", 1)[0].split(":", 1)[0]
-    if _DIGITS.fullmatch(b):
+    if _digits(b):
         return f"{name}:{b}"
     if b.startswith("@"):
         return name + b

@@ -24,7 +24,6 @@ No step starts that could overrun the budget (LM calls, minutes). Every LM reque
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -46,7 +45,7 @@ from promptdistill.search.references import fill_references
 from promptdistill.search.splits import Splits, split_records
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import select_examples
-from promptdistill.specs.render import render_text
+from promptdistill.specs.render import render_text, value_text
 from promptdistill.specs.text import semantic_density
 
 __all__ = ["DistillConfig", "distill"]
@@ -137,7 +136,7 @@ class _Run:
         judged: dict[str, Any] = {}
         if prunable and self.budget.afford(2 * len(prunable), "clause_necessity judge calls"):
             shown = "\n".join(
-                f"Input: {render_text(base.spec.user, r['inputs'])}\nExpected: {_text(r['expected'])}"
+                f"Input: {render_text(base.spec.user, r['inputs'])}\nExpected: {value_text(r['expected'])}"
                 for r in records[: self.config.judge_examples]
             )
             items = [{"task": base.spec.description, "instruction": mark_clause(base.spec, c, clauses=clauses),
@@ -328,9 +327,6 @@ class _Run:
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _rewrite_check(value: Any) -> str | None:

@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -35,7 +34,7 @@ from promptdistill.judges.runner import JudgeRunner
 from promptdistill.specs.metrics import score_reply
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import output_schema_for, spec_messages
-from promptdistill.specs.render import render_text
+from promptdistill.specs.render import render_text, value_text
 
 __all__ = ["BATCH_TIMEOUT_S", "EvalItem", "EvalReport", "evaluate", "evaluate_many", "judge_cost"]
 
@@ -210,10 +209,6 @@ def evaluate_many(engine: Engine, items: Sequence[EvalItem], *, judge_runner: Ju
     return reports
 
 
-def _expected_text(expected: Any) -> str:
-    return expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
-
-
 def _input_text(spec: Spec, record: Record) -> str:
     return render_text(spec.user, record["inputs"])
 
@@ -222,7 +217,7 @@ def _rubric_text(spec: Spec, record: Record) -> str:
     """The spec's rubric, and the record's ``reference`` (scoring data the prompt never shows)."""
     rubric = spec.metric.rubric or spec.description
     reference = record.get("reference")
-    return rubric if reference is None else f"{rubric}\nFor this input: {_expected_text(reference)}"
+    return rubric if reference is None else f"{rubric}\nFor this input: {value_text(reference)}"
 
 
 def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list[EvalReport], which: list[int]) -> None:
@@ -231,7 +226,7 @@ def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list
         spec, report = items[k].spec, reports[k]
         spans.append((k, len(asks), len(asks) + report.n))
         asks += [{"task": spec.description, "rubric": _rubric_text(spec, r),
-                  "input": _input_text(spec, r), "reference": _expected_text(r["expected"]), "answer": reply}
+                  "input": _input_text(spec, r), "reference": value_text(r["expected"]), "answer": reply}
                  for r, reply in zip(items[k].records, report.replies)]
     if not asks:
         return

@@ -14,10 +14,9 @@ no better than chance is visible, not hidden.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Sequence
 
-from promptdistill.specs.render import render_text
+from promptdistill.specs.render import render_text, value_text
 
 __all__ = ["agreement_stats", "equivalence_agreement"]
 
@@ -77,7 +76,7 @@ def equivalence_agreement(
         the LM calls spent.
     """
     items = [
-        (render_text(spec.user, r["inputs"]), _text(r["expected"]), reply)
+        (render_text(spec.user, r["inputs"]), value_text(r["expected"]), reply)
         for r, reply in zip(records, replies)
     ]
     before = runner.total_calls
@@ -93,6 +92,3 @@ def equivalence_agreement(
     })
     return out
 
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

@@ -40,7 +40,7 @@ from typing import Any
 from promptdistill.core.errors import ConfigError, RegistryError, TemplateNotFoundError
 from promptdistill.core.jsonio import canonical_json
 from promptdistill.registry.backend import StoreUnavailableError
-from promptdistill.registry.records import VersionRecord, openai_response_format
+from promptdistill.registry.records import ASCII_DIGITS, VersionRecord, openai_response_format
 from promptdistill.registry.store import Registry
 from promptdistill.specs.render import render_messages, render_text
 
@@ -68,7 +68,6 @@ _TAG_CHARS = 4000
 # 7 times with growing back-off and wait 120 s per request: minutes for a dead server).
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-_DIGITS = re.compile(r"[0-9]{1,12}")  # not str.isdigit(): it takes "²", which int() refuses
 _RESERVED_ALIAS = re.compile(r"latest|[vV][0-9]+", re.IGNORECASE)
 # MLflow's own sampling names; the rest go to model_config as extra parameters, unchanged.
 _SAMPLING_RENAMES = {"stop": "stop_sequences"}
@@ -341,7 +340,7 @@ def _sync_one(registry: Registry, name: str, ml: _Mlflow, report: SyncReport) ->
     for pv in sorted(ml.versions(name), key=lambda p: int(p.version)):
         tags = pv.tags or {}
         ours = tags.get(TAG_VERSION)
-        if ours is None or not _DIGITS.fullmatch(ours):
+        if ours is None or not ASCII_DIGITS.fullmatch(ours):
             continue  # a version someone registered in MLflow by hand
         record = next((r for r in records if r.version == int(ours)), None)
         if record is None or tags.get(TAG_CONTENT_HASH) != record.content_hash:

@@ -38,6 +38,7 @@ from promptdistill.registry.hashing import content_hash, sha256_hex
 from promptdistill.specs.render import TemplateSyntaxError, check_template
 
 __all__ = [
+    "ASCII_DIGITS",
     "ArtifactRecord",
     "CONTENT_KEYS",
     "LabelEvent",
@@ -58,9 +59,9 @@ ARTIFACT_FORMAT = "promptdistill.artifact/1"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _RESPONSE_FORMATS = ("json_schema", "none")
-# ASCII digits only: str.isdigit() also accepts "²" and "３", which int() then fails on
-# or silently reads as 3.
-_DIGITS = re.compile(r"[0-9]{1,12}")
+ASCII_DIGITS = re.compile(r"[0-9]{1,12}")
+"""A version number (or any whole number a user types): ASCII digits only. str.isdigit()
+also accepts "²" and "３", which int() then fails on or silently reads as 3."""
 _INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ACTIONS = ("set", "rollback")
 
@@ -153,7 +154,7 @@ def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None,
         check_label(ref_label)
     elif ":" in ref:
         name, text = ref.split(":", 1)
-        if not _DIGITS.fullmatch(text):
+        if not ASCII_DIGITS.fullmatch(text):
             raise RegistryError(f"invalid reference {ref!r}: the part after ':' must be a version number (ASCII digits)")
         ref_version = int(text)
     check_name(name)
