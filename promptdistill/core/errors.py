@@ -21,6 +21,8 @@ Callers catch ``PromptDistillError`` or narrow down::
 
 from __future__ import annotations
 
+from typing import Sequence
+
 __all__ = [
     "ConfigError",
     "EngineError",
@@ -37,6 +39,7 @@ __all__ = [
     "SpecError",
     "SpecialTokenError",
     "TemplateNotFoundError",
+    "error_listing",
 ]
 
 
@@ -98,3 +101,15 @@ class InvalidReplyError(RegistryError):
 
 class SpecialTokenError(RegistryError, ValueError):
     """An input value holds a chat special-token string and the client's policy is ``reject``."""
+
+
+def error_listing(errors: Sequence[str], heading: str = "errors", max_shown: int | None = None) -> "SpecError":
+    """One ``SpecError`` for every problem found: the message itself when there is one, else
+    ``"<n> <heading>:"`` and a line each (at most ``max_shown``, the rest counted). Its
+    ``errors`` attribute holds them all, for callers that show or test each one."""
+    lines = list(errors)
+    shown = lines if max_shown is None else lines[:max_shown]
+    more = f"\n  ... and {len(lines) - len(shown)} more" if len(shown) < len(lines) else ""
+    err = SpecError(lines[0] if len(lines) == 1 else f"{len(lines)} {heading}:\n  " + "\n  ".join(shown) + more)
+    err.errors = lines  # type: ignore[attr-defined]
+    return err

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from promptdistill.core.errors import SpecError
+from promptdistill.core.errors import SpecError, error_listing
 from promptdistill.core.jsonio import atomic_write
 
 if TYPE_CHECKING:  # the spec model imports the checks that load datasets
@@ -48,7 +48,8 @@ _FIELDS = ("id", "split", "inputs")
 _OPTIONAL = ("expected", "meta", "reference")
 """A record without ``expected`` (or with ``null``) is label-free: the search scores
 replies against the baseline prompt's own reply (see :mod:`promptdistill.search.references`)."""
-_MAX_SHOWN = 20
+MAX_ERRORS_SHOWN = 20
+"""A message lists this many of a file's problems (all are in the error's ``errors``)."""
 _CACHE: dict[tuple, pd.DataFrame] = {}
 
 
@@ -151,12 +152,7 @@ def _parse(path: Path, declared: Sequence[str] | None) -> tuple[list[dict[str, A
 
 
 def _raise(errors: list[str]) -> None:
-    shown = errors[:_MAX_SHOWN]
-    more = f"\n  ... and {len(errors) - _MAX_SHOWN} more" if len(errors) > _MAX_SHOWN else ""
-    msg = shown[0] if len(errors) == 1 else f"{len(errors)} dataset errors:\n  " + "\n  ".join(shown) + more
-    err = SpecError(msg)
-    err.errors = errors  # type: ignore[attr-defined]
-    raise err
+    raise error_listing(errors, "dataset errors", max_shown=MAX_ERRORS_SHOWN)
 
 
 def load_dataset(path: str | os.PathLike[str], *, declared_inputs: Iterable[str] | None = None) -> pd.DataFrame:

@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from promptdistill.core.errors import SpecError
+from promptdistill.core.errors import SpecError, error_listing
 from promptdistill.core.jsonio import NotJSONError, canonical_json, to_json_value
 from promptdistill.specs.checks import read_yaml
-from promptdistill.specs.datasets import read_records, write_records
+from promptdistill.specs.datasets import MAX_ERRORS_SHOWN, read_records, write_records
 from promptdistill.specs.load import _dataset_errors, load_spec
 from promptdistill.specs.model import Spec, spec_from_dict
 
 __all__ = ["ImportReport", "Table", "import_file", "import_records", "read_table", "spec_for_import", "split_of"]
 
-_MAX_SHOWN = 20
 _NO_DATASET = ": dataset: file not found: "
 
 
@@ -80,11 +79,7 @@ class Table:
 
 
 def _raise(errors: list[str]) -> None:
-    more = f"\n  ... and {len(errors) - _MAX_SHOWN} more" if len(errors) > _MAX_SHOWN else ""
-    err = SpecError(errors[0] if len(errors) == 1 else
-                    f"{len(errors)} import errors (nothing was written):\n  " + "\n  ".join(errors[:_MAX_SHOWN]) + more)
-    err.errors = errors  # type: ignore[attr-defined]
-    raise err
+    raise error_listing(errors, "import errors (nothing was written)", max_shown=MAX_ERRORS_SHOWN)
 
 
 def _read_jsonl(path: Path) -> Table:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from promptdistill.core.errors import SpecError
+from promptdistill.core.errors import SpecError, error_listing
 from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.checks import spec_errors
 from promptdistill.specs.plugins import source_hash
@@ -223,10 +223,7 @@ def rules_block(constraints: Sequence[str]) -> str:
 
 def spec_error(where: str, errors: Sequence[str]) -> SpecError:
     """A SpecError listing every ``field: reason`` of one spec, each prefixed by ``where``."""
-    lines = [f"{where}: {e}" for e in errors]
-    err = SpecError(lines[0] if len(lines) == 1 else f"{len(lines)} errors:\n  " + "\n  ".join(lines))
-    err.errors = lines  # type: ignore[attr-defined]
-    return err
+    return error_listing([f"{where}: {e}" for e in errors])
 
 
 def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = None) -> Spec:
