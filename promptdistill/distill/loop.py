@@ -328,7 +328,6 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-
 def _rewrite_check(value: Any) -> str | None:
     """Why a schema-valid rewrite is still unusable (the runner then repairs it once)."""
     text = value.get("instruction", "").strip() if isinstance(value, Mapping) else ""

@@ -91,4 +91,3 @@ def equivalence_agreement(
         "lm_calls": runner.total_calls - before,
     })
     return out
-

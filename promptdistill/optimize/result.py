@@ -148,7 +148,7 @@ class OptimizationResult:
         lines += _section(
             "Cache trade-off (screen quality; predicted TTFT cold -> warm)", self.tradeoff,
             lambda r: f"{r.strategy:<8} k={r.k:<2} quality {_num(r.screen_quality)} "
-                      f"({getattr(r, 'screened', r.candidates)} of {r.candidates} screened)  "
+                      f"({r.screened} of {r.candidates} screened)  "
                       f"{_num(r.ttft_cold_ms, '.0f')} -> {_num(r.ttft_warm_ms, '.0f')} ms "
                       f"(cached {_num(r.warm_cached_tokens, '.0f')} of {_num(r.total_tokens, '.0f')} tokens)",
         )

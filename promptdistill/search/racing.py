@@ -233,9 +233,9 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
 
     ``every=False`` screens only what could still change the finalists: cheapest first, a
     window of candidates within the resolution of each other at a time, until every
-    candidate left could not be among the finalists even with the best quality possible
-    (it is dearer, beyond the resolution, than the finalists already found), or could not
-    beat the baseline at all. Unless the budget cuts the screen short, the finalists are
+    candidate left either could not beat the baseline at all or could not be among the
+    finalists even with the best quality possible (selection would take ``limit`` screened
+    candidates before it). Unless the budget cuts the screen short, the finalists are
     those of ``every=True`` (for a candidate's replies that do not depend on the batch it
     is in: deterministic, or from the LM cache); the candidates left out have no screen
     quality (the trade-off table shows fewer points).
