@@ -16,6 +16,7 @@ import pytest
 
 from promptdistill.pipeline import budgets, jobs, publish, report, session, ttft_models
 from promptdistill.core.config import EngineConfig
+from promptdistill.core.display import format_number
 from promptdistill.engine.base import EngineIdentity
 from promptdistill.core.errors import ModelIdentityError, SpecError, TemplateNotFoundError
 from promptdistill.registry import Registry
@@ -438,8 +439,8 @@ def test_a_summary_read_back_from_parquet_shows_the_same_as_the_row():
     (back,) = json_records(report.summary_frame([row, report.failed_row("x", "boom")]).iloc[:1])
     assert back["ttft_ms_after"] is None and back["quality_before_low"] is None and back["version"] == 3
     assert json.dumps(back, allow_nan=False)  # plain JSON: no NaN, no numpy scalars
-    assert report.format_number(None) == report.format_number(float("nan")) == "-"
-    assert report.format_number(0.8123, "{:.2f}") == "0.81"
+    assert format_number(None) == format_number(float("nan")) == format_number(np.float64("nan"), "+.3f") == "-"
+    assert format_number(0.8123, ".2f") == "0.81" and format_number(np.int64(7), "d") == "7"
     assert report.format_ci(0.8, None, 0.9) == report.format_ci(0.8, float("nan"), 0.9) == "0.800"
     assert report.format_ci(float("nan"), 0.7, 0.9) == "-" and report.format_ci(0.8, 0.7, 0.9) == "0.800 [0.700, 0.900]"
     assert report.version_label({**back, "version": 3.0}) == "ticket_triage:3 (candidate)"

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from promptdistill.cli.search_args import add_search_arguments, budget_values
+from promptdistill.core.display import format_number
 from promptdistill.core.settings import SettingError, SettingsHelpFormatter, add_setting_options, setting_values
 
 __all__ = ["register"]
@@ -89,10 +90,6 @@ def _cut(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _num(value: float | None, fmt: str = ".3f") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def format_result(result: Any) -> str:
     """The report ``promptdistill distill`` prints."""
     lines = ["", "Clauses"]
@@ -100,14 +97,14 @@ def format_result(result: Any) -> str:
     for r in result.clause_rows:
         judge = str(r["judge_score"]) if r["judge_score"] is not None else ("inv" if r["judge_error"] else "-")
         lines.append(f"  {r['round']:>3} {r['clause_id']:<4} {'P' if r['protected'] else '':<4} {judge:>5} "
-                     f"{_num(r['ablation_delta'], '+.3f'):>8} {'kept' if r['kept'] else 'pruned':<6} {_cut(r['text'], 70)}")
+                     f"{format_number(r['ablation_delta'], '+.3f'):>8} {'kept' if r['kept'] else 'pruned':<6} {_cut(r['text'], 70)}")
     lines += ["", "Candidates (scr: screen records; race: certify records; bounds: anytime-valid, vs the original)"]
     lines.append(f"  {'id':<34} {'tokens':>6} {'density':>7} {'scr':>5} {'race':>4} {'mean':>6} {'bounds':>15}  verdict")
     for r in result.candidate_rows():
         mark = " <- winner" if r["winner"] else ""
         bounds = "" if r["diff_lower"] is None else f"[{r['diff_lower']:+.3f},{r['diff_upper']:+.3f}]"
-        lines.append(f"  {_cut(r['candidate_id'], 34):<34} {r['instruction_tokens']:>6} {_num(r['density'], '.2f'):>7} "
-                     f"{_num(r['screen_mean'], '.2f'):>5} {r['race_n']:>4} {_num(r['race_mean']):>6} {bounds:>15}  "
+        lines.append(f"  {_cut(r['candidate_id'], 34):<34} {r['instruction_tokens']:>6} {format_number(r['density'], '.2f'):>7} "
+                     f"{format_number(r['screen_mean'], '.2f'):>5} {r['race_n']:>4} {format_number(r['race_mean'], '.3f'):>6} {bounds:>15}  "
                      f"{r['verdict']}{mark}")
     s = result.summary()
     lines += [
@@ -117,11 +114,11 @@ def format_result(result: Any) -> str:
         f"  {result.reason}",
         f"  instruction tokens {s['original_tokens']} -> {s['winner_tokens']} "
         f"({100 * s['token_reduction']:.1f}% fewer; allowed quality drop {result.max_quality_drop:g})",
-        f"  test quality {_num(s.get('test_original_mean'))} [{_num(s.get('test_original_ci_low'))}, "
-        f"{_num(s.get('test_original_ci_high'))}] -> {_num(s.get('test_winner_mean'))} "
-        f"[{_num(s.get('test_winner_ci_low'))}, {_num(s.get('test_winner_ci_high'))}] "
+        f"  test quality {format_number(s.get('test_original_mean'), '.3f')} [{format_number(s.get('test_original_ci_low'), '.3f')}, "
+        f"{format_number(s.get('test_original_ci_high'), '.3f')}] -> {format_number(s.get('test_winner_mean'), '.3f')} "
+        f"[{format_number(s.get('test_winner_ci_low'), '.3f')}, {format_number(s.get('test_winner_ci_high'), '.3f')}] "
         f"on {s.get('test_original_n') or 0} held-out records",
-        f"  judge/ablation agreement on necessary clauses: {_num(s['agreement_rate'], '.2f')}",
+        f"  judge/ablation agreement on necessary clauses: {format_number(s['agreement_rate'], '.2f')}",
         f"  rounds {s['rounds']}, stopped: {s['stop_reason']}",
         f"  LM calls: search {s['search_lm_calls']}, total {s['total_lm_calls']} of {s['budget_lm_calls']}; "
         f"{s['elapsed_s']:.0f} s",
@@ -130,14 +127,14 @@ def format_result(result: Any) -> str:
         f"  {'judge':<20} {'items':>5} {'calls':>5} {'valid':>6} {'repairs':>7} {'swap':>5} {'prompt_tok':>10} {'compl_tok':>9}",
     ]
     for j in result.judge_stats:
-        lines.append(f"  {j['judge']:<20} {j['items']:>5} {j['calls']:>5} {_num(j['valid_share'], '.2f'):>6} "
-                     f"{j['repairs']:>7} {_num(j['swap_consistency'], '.2f'):>5} {j['prompt_tokens']:>10} "
+        lines.append(f"  {j['judge']:<20} {j['items']:>5} {j['calls']:>5} {format_number(j['valid_share'], '.2f'):>6} "
+                     f"{j['repairs']:>7} {format_number(j['swap_consistency'], '.2f'):>5} {j['prompt_tokens']:>10} "
                      f"{j['completion_tokens']:>9}")
     cal = result.calibration
     if cal:
         flag = "  BELOW A COIN FLIP" if cal.get("below_coin_flip") else ""
         lines += ["", "Calibration of answer_equivalence against the metric (baseline screen replies vs expected)",
-                  f"  agreement {_num(cal['agreement_rate'], '.2f')} on {cal['n_valid']} of {cal['n']} records "
-                  f"(majority-class rate {_num(cal['majority_rate'], '.2f')}, kappa {_num(cal['kappa'], '+.2f')}, "
-                  f"swap consistency {_num(cal['swap_consistency'], '.2f')}){flag}"]
+                  f"  agreement {format_number(cal['agreement_rate'], '.2f')} on {cal['n_valid']} of {cal['n']} records "
+                  f"(majority-class rate {format_number(cal['majority_rate'], '.2f')}, kappa {format_number(cal['kappa'], '+.2f')}, "
+                  f"swap consistency {format_number(cal['swap_consistency'], '.2f')}){flag}"]
     return "\n".join(lines)

@@ -1,1 +1,1 @@
-"""What every stage shares: errors, configuration, JSON and files, statistics, process defaults."""
+"""What every stage shares: errors, configuration, JSON and files, statistics, figures as text, process defaults."""

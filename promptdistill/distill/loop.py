@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from promptdistill.core.display import format_number
 from promptdistill.core.settings import check, setting
 from promptdistill.distill.candidates import ClauseScore, DistillCandidate, agreement_rate, prune_keep_sets
 from promptdistill.specs.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
@@ -236,7 +237,7 @@ class _Run:
         if self.original.screen is None:
             stop = self.budget.reason or "budget: the baseline could not be screened"
         else:
-            log.info("baseline: mean %s on %d screen records", _fmt(self.original.screen.mean), self.original.screen.n)
+            log.info("baseline: mean %s on %d screen records", format_number(self.original.screen.mean, ".3f"), self.original.screen.n)
             for rnd in range(1, self.config.max_rounds + 1):
                 rounds = rnd
                 log.info("round %d from %s (%d instruction tokens)", rnd, best.id, best.instruction_tokens)
@@ -322,10 +323,6 @@ class _Run:
         if not self.config.calibrate or self.spec.metric.kind == "judge_rubric" or report is None:
             return None
         return equivalence_agreement(self.runner, self.spec, self.splits.screen, report.replies, report.scores)
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def _rewrite_check(value: Any) -> str | None:

@@ -23,17 +23,12 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from promptdistill.core.display import format_number
 from promptdistill.core.jsonio import atomic_write, json_safe, write_json
 from promptdistill.optimize.plot import plot_pareto
 from promptdistill.search.sequential import Plan
 
 __all__ = ["OptimizationResult"]
-
-
-def _num(value: Any, fmt: str = ".3f") -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    return format(value, fmt)
 
 
 def _section(title: str, frame: pd.DataFrame, row: Callable[[Any], str]) -> list[str]:
@@ -133,11 +128,11 @@ class OptimizationResult:
         for r in df.itertuples():
             mark = "*" if r.is_winner else ("B" if r.is_baseline else ("F" if r.finalist else " "))
             bounds = "" if r.diff_lower is None or r.diff_lower != r.diff_lower else \
-                f"[{_num(r.diff_lower, '+.2f')},{_num(r.diff_upper, '+.2f')}]"
+                f"[{format_number(r.diff_lower, '+.2f')},{format_number(r.diff_upper, '+.2f')}]"
             why = r.decision or r.notes or r.verdict
-            lines.append(f"{mark} {r.candidate_id[:28]:<28} {r.strategy:<8} {r.k:>2} {_num(r.semantic_density, '.2f'):>5} "
-                         f"{_num(r.total_tokens, '.0f'):>5} {_num(r.ttft_cold_ms, '.0f'):>6} {_num(r.ttft_warm_ms, '.0f'):>6} "
-                         f"{_num(r.screen_quality, '.2f'):>5} {r.race_n:>4} {_num(r.quality):>7} {bounds:>15}  "
+            lines.append(f"{mark} {r.candidate_id[:28]:<28} {r.strategy:<8} {r.k:>2} {format_number(r.semantic_density, '.2f'):>5} "
+                         f"{format_number(r.total_tokens, '.0f'):>5} {format_number(r.ttft_cold_ms, '.0f'):>6} {format_number(r.ttft_warm_ms, '.0f'):>6} "
+                         f"{format_number(r.screen_quality, '.2f'):>5} {r.race_n:>4} {format_number(r.quality, '.3f'):>7} {bounds:>15}  "
                          f"{why[:90]}")
         lines += ["  (* winner, B baseline, F finalist; cold/warm: predicted TTFT in ms; scr: screen quality; "
                   "n, quality: certify records raced; bounds: anytime-valid bounds on the difference from the baseline)",
@@ -147,19 +142,19 @@ class OptimizationResult:
             lines += [f"Plan: {self.plan.sentence()}", ""]
         lines += _section(
             "Cache trade-off (screen quality; predicted TTFT cold -> warm)", self.tradeoff,
-            lambda r: f"{r.strategy:<8} k={r.k:<2} quality {_num(r.screen_quality)} "
+            lambda r: f"{r.strategy:<8} k={r.k:<2} quality {format_number(r.screen_quality, '.3f')} "
                       f"({r.screened} of {r.candidates} screened)  "
-                      f"{_num(r.ttft_cold_ms, '.0f')} -> {_num(r.ttft_warm_ms, '.0f')} ms "
-                      f"(cached {_num(r.warm_cached_tokens, '.0f')} of {_num(r.total_tokens, '.0f')} tokens)",
+                      f"{format_number(r.ttft_cold_ms, '.0f')} -> {format_number(r.ttft_warm_ms, '.0f')} ms "
+                      f"(cached {format_number(r.warm_cached_tokens, '.0f')} of {format_number(r.total_tokens, '.0f')} tokens)",
         )
         lines += _section(
             "Quality vs semantic density (instruction variants, screen records)", self.density_curve,
             lambda r: f"density {r.semantic_density:.3f}  tokens {r.instruction_tokens:>5.0f}  quality "
-                      f"{_num(r.quality)}  best {_num(r.best_quality)}  {r.variant}{'  <- peak' if r.peak else ''}",
+                      f"{format_number(r.quality, '.3f')}  best {format_number(r.best_quality, '.3f')}  {r.variant}{'  <- peak' if r.peak else ''}",
         )
         lines += _section(
             "Output format on screen records (valid-JSON rate)", self.formats,
-            lambda r: f"{r.format:<17} valid {_num(r.valid_json_rate)}  quality {_num(r.quality)}"
+            lambda r: f"{r.format:<17} valid {format_number(r.valid_json_rate, '.3f')}  quality {format_number(r.quality, '.3f')}"
                       f"{'  <- published' if r.chosen else ''}",
         )
         lines.append(f"{'':<22} {'baseline':>12} {'winner':>12}")
@@ -171,9 +166,9 @@ class OptimizationResult:
             ("test_valid_json_rate", "test valid JSON", ".3f"), ("total_tokens", "prompt tokens", ".0f"),
             ("max_tokens", "max_tokens", "d"),
         ):
-            lines.append(f"  {label:<20} {_num(self.baseline.get(key), fmt):>12} {_num(self.winner.get(key), fmt):>12}")
-        lines.append(f"  {'test diff [95% CI]':<20} {'':>12} {_num(self.winner.get('test_diff_mean'), '+.3f'):>12} "
-                     f"[{_num(self.winner.get('test_diff_ci_low'), '+.3f')}, {_num(self.winner.get('test_diff_ci_high'), '+.3f')}]")
+            lines.append(f"  {label:<20} {format_number(self.baseline.get(key), fmt):>12} {format_number(self.winner.get(key), fmt):>12}")
+        lines.append(f"  {'test diff [95% CI]':<20} {'':>12} {format_number(self.winner.get('test_diff_mean'), '+.3f'):>12} "
+                     f"[{format_number(self.winner.get('test_diff_ci_low'), '+.3f')}, {format_number(self.winner.get('test_diff_ci_high'), '+.3f')}]")
         lines += self._timing_lines()
         tb = self.token_budget
         lines += [
@@ -197,7 +192,7 @@ class OptimizationResult:
         b, w = self.baseline, self.winner
         if b.get("measured_cold_ms") is None:
             return []
-        how = (f"{_num(b.get('timing_n'), 'd')} test records x {_num(b.get('timing_repeats'), 'd')} repeats"
+        how = (f"{format_number(b.get('timing_n'), 'd')} test records x {format_number(b.get('timing_repeats'), 'd')} repeats"
                + ("" if self.kept_baseline else ", baseline and winner interleaved"))
         lines = ["", f"TTFT on the engine ({how}; predicted for the same prompts)"]
         rows = [(f"{kind} {cache}", f"{kind}_{cache}_ms", ".0f") for cache in ("cold", "warm", "expected")
@@ -206,16 +201,16 @@ class OptimizationResult:
                  ("  predicted", "static_cached_share_predicted", ".0%")]
         if self.kept_baseline:
             lines.append(f"  {'':<22} {'baseline (kept)':>15}")
-            lines += [f"  {label:<22} {_num(b.get(key), fmt):>15}" for label, key, fmt in rows]
+            lines += [f"  {label:<22} {format_number(b.get(key), fmt):>15}" for label, key, fmt in rows]
             return lines
         lines.append(f"  {'':<22} {'baseline':>10} {'winner':>10}   winner - baseline [95% CI]")
         for label, key, fmt in rows:
             diff = ""
             if key.startswith("measured_"):
                 d = key.removesuffix("_ms") + "_diff"
-                diff = (f"   {_num(w.get(d + '_ms'), '+.0f')} [{_num(w.get(d + '_low_ms'), '+.0f')}, "
-                        f"{_num(w.get(d + '_high_ms'), '+.0f')}]")
-            lines.append(f"  {label:<22} {_num(b.get(key), fmt):>10} {_num(w.get(key), fmt):>10}{diff}")
+                diff = (f"   {format_number(w.get(d + '_ms'), '+.0f')} [{format_number(w.get(d + '_low_ms'), '+.0f')}, "
+                        f"{format_number(w.get(d + '_high_ms'), '+.0f')}]")
+            lines.append(f"  {label:<22} {format_number(b.get(key), fmt):>10} {format_number(w.get(key), fmt):>10}{diff}")
         if w.get("timing_interval"):
             lines.append(f"  (difference: {w['timing_interval']}; static prefix cached: cached tokens of a warm "
                          "request over the static prefix's tokens)")

@@ -29,10 +29,10 @@ from typing import Any
 
 import pandas as pd
 
+from promptdistill.core.display import format_number as _n
 from promptdistill.core.errors import PromptDistillError, RegistryError
 from promptdistill.core.jsonio import json_records
 from promptdistill.pipeline.report import format_ci, format_ttft, format_ttft_diff, version_label
-from promptdistill.pipeline.report import format_number as _n
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
 from promptdistill.specs.datasets import dataset_for
@@ -197,7 +197,7 @@ def _summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
             f"<td>{_e(r['status'])}{' (cached)' if r.get('cached') else ''}</td>"
             f"<td class='num'>{_n(r.get('tokens_before'))} → {_n(r.get('tokens_after'))}</td>"
             f"<td class='num'>{_e(format_ttft(r).replace(' -> ', ' → '))}</td>"
-            f"<td class='num'>{_n(r.get('quality_before'), '{:.3f}')} → {_n(r.get('quality_after'), '{:.3f}')}</td>"
+            f"<td class='num'>{_n(r.get('quality_before'), '.3f')} → {_n(r.get('quality_after'), '.3f')}</td>"
             f"<td>{gate}</td><td>{_e(version_label(r))}</td></tr>")
     return "\n".join(out + ["</table>"])
 
@@ -255,8 +255,8 @@ def _ttft_lines(r: Mapping[str, Any], kind: str) -> list[tuple[str, str, str]]:
         predicted = "ttft_ms_predicted" if key == "ttft_ms" else f"{key}_predicted"
         rows += [(f"TTFT {label}, measured (ms)", _n(r.get(f"{key}_before")), _n(r.get(f"{key}_after"))),
                  (f"TTFT {label}, predicted (ms)", _n(r.get(f"{predicted}_before")), _n(r.get(f"{predicted}_after")))]
-    rows.append(("static prefix cached when warm", _n(r.get("static_cached_share_before"), "{:.0%}"),
-                 _n(r.get("static_cached_share_after"), "{:.0%}")))
+    rows.append(("static prefix cached when warm", _n(r.get("static_cached_share_before"), ".0%"),
+                 _n(r.get("static_cached_share_after"), ".0%")))
     if r.get("kept_baseline"):
         rows = [(k, b, "same prompt (kept)") for k, b, _a in rows]
     return rows
@@ -270,23 +270,23 @@ def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
              *_ttft_lines(r, kind),
              ("prompt tokens", _n(r.get("tokens_before")), _n(r.get("tokens_after"))),
              ("instruction tokens", _n(r.get("instruction_tokens_before")), _n(r.get("instruction_tokens_after"))),
-             ("valid-JSON rate", _n(r.get("valid_json_rate_before"), "{:.1%}"), _n(r.get("valid_json_rate_after"), "{:.1%}"))]
+             ("valid-JSON rate", _n(r.get("valid_json_rate_before"), ".1%"), _n(r.get("valid_json_rate_after"), ".1%"))]
     table = ("<table class='numbers'><tr><th></th><th class='num'>baseline</th><th class='num'>published</th></tr>"
              + "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(b)}</td><td class='num'>{_e(a)}</td></tr>" for k, b, a in lines)
              + "</table>")
     d = (result.get("winner") or {}).get("decision") or {}
     bounds = ("not raced" if d.get("lower") is None else
-              f"{d.get('verdict')}: difference from the baseline in [{_n(d.get('lower'), '{:+.3f}')}, "
-              f"{_n(d.get('upper'), '{:+.3f}')}] after {_n(d.get('n'))} certify records (alpha {_n(d.get('alpha'), '{:.3g}')})")
+              f"{d.get('verdict')}: difference from the baseline in [{_n(d.get('lower'), '+.3f')}, "
+              f"{_n(d.get('upper'), '+.3f')}] after {_n(d.get('n'))} certify records (alpha {_n(d.get('alpha'), '.3g')})")
     gate = "gate passed" if r.get("gate_passed") else "gate not passed"
     if r.get("gate_reason") and r["gate_reason"] != result.get("reason"):
         gate += f": {r['gate_reason']}"
     facts = [("decision", gate), ("why", result.get("reason")), ("certified bounds", bounds), ("record plan", r.get("plan") or "-"),
-             (f"{kind} TTFT", f"{_n(r.get('warm_share'), '{:.0%}')} of requests warm ({r.get('warm_share_source') or '-'})"),
+             (f"{kind} TTFT", f"{_n(r.get('warm_share'), '.0%')} of requests warm ({r.get('warm_share_source') or '-'})"),
              (f"measured {kind} TTFT, published - baseline", format_ttft_diff(r)
               + (f" ({r['ttft_timing']})" if r.get("ttft_timing") else "")),
              ("cost", f"{_n(r.get('lm_calls'))} LM calls, {_n(r.get('tokens_processed'))} tokens processed, "
-                      f"{_n(r.get('minutes'), '{:.1f}')} minutes" + (" (from the cache of an earlier run)" if r.get("cached") else "")),
+                      f"{_n(r.get('minutes'), '.1f')} minutes" + (" (from the cache of an earlier run)" if r.get("cached") else "")),
              ("published", f"{version_label(r)}; {r.get('promotion') or ''}")]
     facts += [("note", n) for n in result.get("notes") or []]
     return table + "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts) + "</dl>"

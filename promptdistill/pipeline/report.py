@@ -9,12 +9,13 @@ CLI prints :func:`format_summary_table`.
 from __future__ import annotations
 
 import base64
-import math
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
+
+from promptdistill.core.display import format_number
 
 __all__ = [
     "SUMMARY_COLUMNS",
@@ -22,7 +23,6 @@ __all__ = [
     "endpoint_load_rows",
     "failed_row",
     "format_ci",
-    "format_number",
     "format_summary_table",
     "format_ttft",
     "format_ttft_diff",
@@ -158,16 +158,9 @@ def artifact_key(*parts: str) -> str:
 
 
 # ---------------------------------------------------------------- formatting
-# One way to show a figure, for the markdown artifacts, the terminal and the night report.
-def format_number(value: Any, fmt: str = "{:.0f}") -> str:
-    """``value`` through ``fmt``; ``-`` for a missing figure (None or NaN)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
-
-
-def _arrow(before: Any, after: Any, fmt: str = "{:.0f}") -> str:
-    return f"{format_number(before, fmt)} -> {format_number(after, fmt)}"
+# A figure is shown by core.display.format_number, here as in the terminal and the night report.
+def _arrow(before: Any, after: Any, spec: str = ".0f") -> str:
+    return f"{format_number(before, spec)} -> {format_number(after, spec)}"
 
 
 def format_ttft(row: Mapping[str, Any], key: str = "ttft_ms") -> str:
@@ -184,8 +177,8 @@ def format_ttft_diff(row: Mapping[str, Any]) -> str:
     if format_number(row.get("ttft_diff_ms")) == "-":
         return "-"
     interval = "" if format_number(row.get("ttft_diff_low_ms")) == "-" else \
-        f" [{format_number(row['ttft_diff_low_ms'], '{:+.0f}')}, {format_number(row['ttft_diff_high_ms'], '{:+.0f}')}]"
-    return f"{format_number(row['ttft_diff_ms'], '{:+.0f}')} ms{interval}"
+        f" [{format_number(row['ttft_diff_low_ms'], '+.0f')}, {format_number(row['ttft_diff_high_ms'], '+.0f')}]"
+    return f"{format_number(row['ttft_diff_ms'], '+.0f')} ms{interval}"
 
 
 def format_ci(mean: Any, low: Any, high: Any) -> str:
@@ -215,7 +208,7 @@ def format_summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
             str(r["status"]) + (" (cached)" if r.get("cached") else ""),
             _arrow(r.get("tokens_before"), r.get("tokens_after")),
             format_ttft(r),
-            _arrow(r.get("quality_before"), r.get("quality_after"), "{:.3f}"),
+            _arrow(r.get("quality_before"), r.get("quality_after"), ".3f"),
             version_label(r),
         ))
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
@@ -260,15 +253,15 @@ def spec_report_markdown(row: Mapping[str, Any], *, plots: Mapping[str, str | Pa
         f"| TTFT warm, measured / predicted (ms) | {format_number(r['ttft_warm_ms_before'])} / "
         f"{format_number(r['ttft_warm_ms_predicted_before'])} | {format_number(r['ttft_warm_ms_after'])} / "
         f"{format_number(r['ttft_warm_ms_predicted_after'])} |",
-        f"| static prefix cached (warm) | {format_number(r['static_cached_share_before'], '{:.0%}')} "
-        f"| {format_number(r['static_cached_share_after'], '{:.0%}')} |",
-        f"| valid-JSON rate | {format_number(r['valid_json_rate_before'], '{:.1%}')} | {format_number(r['valid_json_rate_after'], '{:.1%}')} |",
+        f"| static prefix cached (warm) | {format_number(r['static_cached_share_before'], '.0%')} "
+        f"| {format_number(r['static_cached_share_after'], '.0%')} |",
+        f"| valid-JSON rate | {format_number(r['valid_json_rate_before'], '.1%')} | {format_number(r['valid_json_rate_after'], '.1%')} |",
         "",
         f"- measured TTFT difference (winner - baseline): {format_ttft_diff(r)}"
         + (f" ({r['ttft_timing']})" if r["ttft_timing"] else ""),
         f"- gate: **{'passed' if r['gate_passed'] else 'not passed'}**" + (f": {r['gate_reason']}" if r["gate_reason"] else ""),
         f"- published: {version_label(r)}" + (f"; {r['promotion']}" if r["promotion"] else ""),
-        f"- cost: {format_number(r['lm_calls'])} LM calls, {format_number(r['minutes'], '{:.1f}')} minutes"
+        f"- cost: {format_number(r['lm_calls'])} LM calls, {format_number(r['minutes'], '.1f')} minutes"
         + (" (served from the cache of an earlier run)" if r["cached"] else ""),
     ]
     for name, url in links.items():
@@ -294,7 +287,7 @@ def nightly_report_markdown(
         lines.append(
             f"| {r['template']} | {r['status']}{' (cached)' if r['cached'] else ''} "
             f"| {_arrow(r['tokens_before'], r['tokens_after'])} | {format_ttft(r)} "
-            f"| {_arrow(r['quality_before'], r['quality_after'], '{:.3f}')} | {version_label(r)} |"
+            f"| {_arrow(r['quality_before'], r['quality_after'], '.3f')} | {version_label(r)} |"
         )
     if failed:
         lines += ["", "## Failed", ""] + [f"- **{r['template']}**: {r['error']}" for r in failed]
@@ -338,7 +331,7 @@ def ttft_report_markdown(model: Any, fit: Any, record: Any, plots: Mapping[str, 
     for r in ttft_score_rows(fit):
         lines.append(
             f"| {r['model']} | {'yes' if r['chosen'] else ''} | {'yes' if r['monotonic'] else 'no'} "
-            f"| {format_number(r.get('cv_mape'), '{:.1%}')} | {format_number(r.get('heldout_mape'), '{:.1%}')} | {format_number(r.get('heldout_r2'), '{:.3f}')} |"
+            f"| {format_number(r.get('cv_mape'), '.1%')} | {format_number(r.get('heldout_mape'), '.1%')} | {format_number(r.get('heldout_r2'), '.3f')} |"
         )
     for alt, path in plots.items():
         if path is not None:

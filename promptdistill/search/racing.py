@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from scipy.stats import norm
 
+from promptdistill.core.display import format_number
 from promptdistill.core.stats import paired_diffs
 from promptdistill.evaluate.evaluator import EvalReport
 from promptdistill.search.budget import Budget
@@ -357,7 +358,7 @@ def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Re
         return (f"screening: cannot beat the baseline (cost {cand.cost:.1f} vs {base.cost:.1f}, "
                 f"resolution {resolution(cand, base):.1f})")
     diff = paired_mean(cand.screen, base.screen)
-    shown = "-" if diff is None else f"{diff:+.3f}"
+    shown = format_number(diff, "+.3f")
     if diff is not None and screen_upper(cand, base) >= -margin - 1e-12:
         return (f"screening: not faster than the baseline beyond the resolution (cost {cand.cost:.1f} vs "
                 f"{base.cost:.1f}, resolution {resolution(cand, base):.1f}) and below its quality on the screen "
@@ -399,7 +400,7 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
             cand.decision = _decide(cand, baseline, settings.margin, alpha_each, test, final=False)
         alive = [c for c in alive if c.decision.verdict == UNDECIDED]
         log(f"race: {size} of {len(records)} certify records; " + "; ".join(
-            f"{c.id} {c.decision.verdict} [{_num(c.decision.lower)}, {_num(c.decision.upper)}]" for c in finalists
+            f"{c.id} {c.decision.verdict} [{format_number(c.decision.lower, '+.3f')}, {format_number(c.decision.upper, '+.3f')}]" for c in finalists
             if c.raced is not None))
     cut = f"{budget.reason} after {seen} of {len(records)} certify records" if budget.reason else None
     for cand in finalists:
@@ -520,7 +521,7 @@ def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: 
                       f"{baseline.cost:.1f} is within the resolution ({resolution(best, baseline):.1f}) and its "
                       f"quality on the certify records is at least the baseline's "
                       f"({quality_gap(best, baseline):+.3f})")
-    shown = ", ".join(f"{c.id} cost {c.cost:.1f}, quality {_num(quality_gap(c, baseline))}" for c in certified)
+    shown = ", ".join(f"{c.id} cost {c.cost:.1f}, quality {format_number(quality_gap(c, baseline), '+.3f')}" for c in certified)
     return baseline, (f"{KEPT}: {len(certified)} candidate(s) certified non-inferior ({shown}) but none is faster "
                       f"than the baseline ({baseline.cost:.1f}) beyond the resolution, nor within it at the "
                       "baseline's quality or better; keeping the baseline")
@@ -547,7 +548,3 @@ def plan_from_screen(baseline: Candidate, finalists: Sequence[Candidate], *, poo
     return plan_records(pool, discordance=discordance, margin=settings.margin,
                         alpha=settings.alpha / max(1, len(finalists)), discrete=settings.discrete,
                         first_look=settings.first_look, basis=basis)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.3f}"
