@@ -41,6 +41,7 @@ __all__ = [
     "Message",
     "check_reply",
     "hardware_fingerprint",
+    "unwrap_engine",
     "validate_reply",
 ]
 
@@ -330,3 +331,20 @@ class EngineWrapper(Engine):
 
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
+
+
+def unwrap_engine(engine: Any, attr: str | None = None) -> Any:
+    """The engine behind ``engine``'s wrappers (each holds the next one as ``.engine``).
+
+    Without ``attr``: the innermost engine (where timing requests must go). With ``attr``:
+    the first engine in the chain, ``engine`` itself included, that has that attribute, or
+    None when none has.
+    """
+    while engine is not None:
+        if attr is not None and hasattr(engine, attr):
+            return engine
+        inner = getattr(engine, "engine", None)
+        if inner is None:
+            return engine if attr is None else None
+        engine = inner
+    return None

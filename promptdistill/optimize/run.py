@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 from promptdistill.core.errors import ConfigError
 from promptdistill.core.jsonio import canonical_json
 from promptdistill.core.settings import check, setting
-from promptdistill.engine.base import Engine
+from promptdistill.engine.base import Engine, unwrap_engine
 from promptdistill.engine.meter import CallMeter
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
 from promptdistill.judges.runner import JudgeRunner
@@ -109,16 +109,9 @@ def format_variants(spec: Spec) -> dict[str, tuple[Spec, bool]]:
     return {"free": (spec, False), "schema_in_prompt": (schema_in_prompt(spec), False), "constrained": (spec, True)}
 
 
-def _inner(engine: Engine) -> Engine:
-    """The engine behind any wrappers (where timing requests must go)."""
-    while hasattr(engine, "engine"):
-        engine = engine.engine
-    return engine
-
-
 def measured_hit_rate(engine: Engine) -> float | None:
     """The prefix-cache token hit rate a vLLM server reports, when the engine is one (else None)."""
-    probe = getattr(_inner(engine), "prefix_cache_hit_rate", None)
+    probe = getattr(unwrap_engine(engine), "prefix_cache_hit_rate", None)
     return probe() if callable(probe) else None
 
 
@@ -150,7 +143,7 @@ class OptimizeRun:
         self.spec, self.model, self.budget, self.seed, self.rule = spec, ttft_model, budget, seed, rule
         self.distilled = distilled
         self.outer = engine
-        self.timing_engine = timing_engine if timing_engine is not None else _inner(engine)
+        self.timing_engine = timing_engine if timing_engine is not None else unwrap_engine(engine)
         self.meter = CallMeter(engine)
         self.runner = JudgeRunner(self.meter if judge_engine is None else CallMeter(judge_engine), seed=seed)
         self.block_tokens = prefix_block_tokens(engine)

@@ -24,19 +24,11 @@ import httpx
 
 from promptdistill.core.errors import PromptDistillError
 from promptdistill.engine import resolve_model
+from promptdistill.engine.base import unwrap_engine
 from promptdistill.engine.server import served_block_size
 from promptdistill.ttft.hardware import ModelFlops
 
 __all__ = ["engine_block_size", "engine_mechanics", "engine_model_flops", "mechanics_columns"]
-
-
-def _unwrap(engine: Any, attr: str) -> Any:
-    """The first engine in a wrapper chain (``EngineWrapper.engine``) that has ``attr``."""
-    for _ in range(8):
-        if engine is None or hasattr(engine, attr):
-            return engine
-        engine = getattr(engine, "engine", None)
-    return None
 
 
 def engine_block_size(engine: Any) -> int | None:
@@ -54,7 +46,7 @@ def engine_block_size(engine: Any) -> int | None:
     size = getattr(identity, "block_size", None)
     if size is not None:
         return int(size)
-    server = _unwrap(engine, "urls")
+    server = unwrap_engine(engine, "urls")
     if server is not None and server.urls:
         return served_block_size(server.urls[0])
     return None
@@ -63,7 +55,7 @@ def engine_block_size(engine: Any) -> int | None:
 def engine_mechanics(engine: Any) -> dict[str, Any]:
     """``{"block_tokens", "chunk_tokens", "source"}`` of a local or server vLLM engine."""
     block = engine_block_size(engine)
-    local = _unwrap(engine, "_llm")
+    local = unwrap_engine(engine, "_llm")
     if local is not None:
         try:
             config = local._llm.llm_engine.vllm_config
@@ -73,7 +65,7 @@ def engine_mechanics(engine: Any) -> dict[str, Any]:
                     "source": "vllm config (in-process)"}
         except AttributeError:
             pass
-    server = _unwrap(engine, "urls")
+    server = unwrap_engine(engine, "urls")
     if server is not None and server.urls:
         chunk = _server_chunk(server.urls[0])
         source = "server /server_info" if chunk is not None else "server /metrics" if block else "unknown"
@@ -104,8 +96,8 @@ def mechanics_columns(mechanics: dict[str, Any]) -> dict[str, Any]:
 
 def engine_model_flops(engine: Any) -> ModelFlops | None:
     """The served model's ``ModelFlops`` (from its folder's ``config.json``), or None."""
-    configured = _unwrap(engine, "config")
-    path = getattr(_unwrap(engine, "model_path"), "model_path", None)
+    configured = unwrap_engine(engine, "config")
+    path = getattr(unwrap_engine(engine, "model_path"), "model_path", None)
     try:
         if path is None and configured is not None:
             path = resolve_model(configured.config.model)
