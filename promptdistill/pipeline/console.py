@@ -34,7 +34,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from promptdistill.pipeline.events import CACHED, DONE, FAILED, PROGRESS_LOGGER, RUNNING, ProgressEvent
+from promptdistill.pipeline.events import CACHED, DONE, FAILED, PROGRESS_LOGGER, RUNNING, ProgressEvent, step_key
 
 __all__ = [
     "ProgressDisplay",
@@ -170,7 +170,7 @@ class Step:
 
     @property
     def key(self) -> str:
-        return f"{self.stage}:{self.spec}" if self.spec else self.stage
+        return step_key(self.stage, self.spec)
 
 
 def plan_night(specs: Sequence[str], *, ttft_minutes: float, distill_minutes: float | None, optimize_minutes: float,

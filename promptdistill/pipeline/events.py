@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CACHED", "DONE", "FAILED", "PROGRESS_LOGGER", "RUNNING", "ProgressEvent", "emit", "step_events"]
+__all__ = ["CACHED", "DONE", "FAILED", "PROGRESS_LOGGER", "RUNNING", "ProgressEvent", "emit", "step_events", "step_key"]
 
 RUNNING, DONE, CACHED, FAILED = "running", "done", "cached", "failed"
 """What a step can report: it runs, or it ended computed, from an earlier run's cache, or failed."""
@@ -30,6 +30,11 @@ _STATES = (RUNNING, DONE, CACHED, FAILED)
 PROGRESS_LOGGER = logging.getLogger("promptdistill.progress")
 PROGRESS_LOGGER.propagate = False  # only the display listens: no extra lines in other runs' output
 PROGRESS_LOGGER.setLevel(logging.INFO)  # whatever level Prefect gives the root logger
+
+
+def step_key(stage: str, spec: str = "") -> str:
+    """A step's key in the run's plan: ``optimize:ticket_triage`` for a spec's stage, ``ttft`` for the run's."""
+    return f"{stage}:{spec}" if spec else stage
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,8 @@ class ProgressEvent:
 
     @property
     def key(self) -> str:
-        """The step's key in the run's plan (``optimize:ticket_triage``, ``ttft``)."""
-        return f"{self.stage}:{self.spec}" if self.spec else self.stage
+        """The step's key in the run's plan (:func:`step_key`)."""
+        return step_key(self.stage, self.spec)
 
 
 def emit(stage: str, state: str, *, spec: str = "", **info: Any) -> ProgressEvent:
