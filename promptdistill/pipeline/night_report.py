@@ -36,7 +36,7 @@ from promptdistill.pipeline.report import format_ci, format_ttft, format_ttft_di
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
 from promptdistill.specs.datasets import dataset_for
-from promptdistill.specs.diff import DiffOp, diff_counts, diff_text, prompt_diff
+from promptdistill.specs.diff import DiffOp, diff_counts, diff_text, mark, prompt_diff
 from promptdistill.specs.load import load_spec
 from promptdistill.specs.prompt import build_system
 from promptdistill.specs.render import unescape_braces
@@ -215,13 +215,8 @@ def _diff_html(before: str | None, after: str | None) -> tuple[str, str, dict[st
 
 
 def _marked(tag: str, kind: str, text: str) -> str:
-    """``text`` escaped in ``<tag class=kind>``, its leading and trailing whitespace (a
-    clause's separator: spaces, line breaks) outside the tag, so no blank is struck."""
-    core = text.strip()
-    if not core:
-        return _e(text)
-    start = len(text) - len(text.lstrip())
-    return f'{_e(text[:start])}<{tag} class="{kind}">{_e(core)}</{tag}>{_e(text[start + len(core):])}'
+    """``text`` escaped in ``<tag class=kind>``, its surrounding whitespace outside the tag."""
+    return mark(text, f'<{tag} class="{kind}">', f"</{tag}>", escape=_e)
 
 
 def _prompt_section(p: Mapping[str, Any], version: str) -> str:

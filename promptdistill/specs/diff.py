@@ -19,12 +19,12 @@ Example:
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from promptdistill.specs.clauses import split_text_clauses
 
-__all__ = ["DiffOp", "diff_counts", "diff_text", "diff_units", "prompt_diff"]
+__all__ = ["DiffOp", "diff_counts", "diff_text", "diff_units", "mark", "prompt_diff"]
 
 
 @dataclass(frozen=True)
@@ -112,13 +112,18 @@ def prompt_diff(before: str, after: str) -> list[DiffOp]:
     return _merge(ops)
 
 
-def _mark(text: str, left: str, right: str) -> str:
-    """``text`` inside the marks, its leading and trailing whitespace outside them."""
+def mark(text: str, left: str, right: str, escape: Callable[[str], str] = str) -> str:
+    """``text`` inside the marks, its leading and trailing whitespace (a clause's
+    separator: spaces, line breaks) outside them, so no blank is marked.
+
+    Each piece of ``text`` goes through ``escape`` (the night report's HTML escaping);
+    the marks do not. Text of whitespace only is returned (escaped) without marks.
+    """
     core = text.strip()
     if not core:
-        return text
+        return escape(text)
     start = len(text) - len(text.lstrip())
-    return f"{text[:start]}{left}{core}{right}{text[start + len(core):]}"
+    return f"{escape(text[:start])}{left}{escape(core)}{right}{escape(text[start + len(core):])}"
 
 
 def diff_text(ops: Sequence[DiffOp]) -> str:
@@ -136,11 +141,11 @@ def diff_text(ops: Sequence[DiffOp]) -> str:
             gap = ""
             if nxt is not None and o.before == o.before.rstrip() and diff_text([nxt])[:1].strip():
                 gap = nxt.before[: len(nxt.before) - len(nxt.before.lstrip())]
-            out.append(_mark(o.before, "[-", "-]") + gap)
+            out.append(mark(o.before, "[-", "-]") + gap)
         elif o.kind == "added":
-            out.append(_mark(o.after, "{+", "+}"))
+            out.append(mark(o.after, "{+", "+}"))
         else:
-            out.append(_mark(o.after or o.before, f"[~{o.before.strip()}~>", "~]"))
+            out.append(mark(o.after or o.before, f"[~{o.before.strip()}~>", "~]"))
     return "".join(out)
 
 
