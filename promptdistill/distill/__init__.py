@@ -7,6 +7,5 @@
 """
 
 from promptdistill.distill.loop import DistillConfig, distill
-from promptdistill.distill.result import DistillResult
 
-__all__ = ["DistillConfig", "DistillResult", "distill"]
+__all__ = ["DistillConfig", "distill"]

@@ -12,23 +12,9 @@ from pathlib import Path
 
 from promptdistill.core.config import EngineConfig, load_settings
 from promptdistill.core.errors import ModelNotFoundError
-from promptdistill.engine.base import (
-    Engine,
-    EngineIdentity,
-    GenerationRequest,
-    GenerationResult,
-    validate_reply,
-)
+from promptdistill.engine.base import Engine, GenerationRequest
 
-__all__ = [
-    "Engine",
-    "EngineIdentity",
-    "GenerationRequest",
-    "GenerationResult",
-    "load_engine",
-    "resolve_model",
-    "validate_reply",
-]
+__all__ = ["Engine", "GenerationRequest", "load_engine", "resolve_model"]
 
 
 def resolve_model(model: str) -> str:

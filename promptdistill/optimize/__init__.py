@@ -15,30 +15,17 @@ Modules: ``candidates``, ``examples`` (fixed and per-request examples), ``varian
 
 from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.examples import SimilarExamples, fixed_subsets, per_request_spec
-from promptdistill.optimize.finish import cache_tradeoff, density_curve
 from promptdistill.optimize.optimizer import optimize
 from promptdistill.optimize.predict import prefix_block_tokens, warm_cached_tokens
-from promptdistill.optimize.result import OptimizationResult
-from promptdistill.optimize.run import OptimizeBudget, OptimizeRun
-from promptdistill.optimize.select import (
-    SelectionRule,
-    TokenBudget,
-    expected_ttft,
-    pareto_mask,
-    token_budget,
-)
+from promptdistill.optimize.run import OptimizeBudget
+from promptdistill.optimize.select import SelectionRule, expected_ttft, pareto_mask, token_budget
 from promptdistill.optimize.variants import instruction_variants, variants_from_parquet
 
 __all__ = [
     "ExampleCandidate",
-    "OptimizationResult",
     "OptimizeBudget",
-    "OptimizeRun",
     "SelectionRule",
     "SimilarExamples",
-    "TokenBudget",
-    "cache_tradeoff",
-    "density_curve",
     "expected_ttft",
     "fixed_subsets",
     "instruction_variants",

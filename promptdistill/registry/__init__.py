@@ -7,17 +7,7 @@ pipeline writes it through ``Registry``. See ``store`` for the layout and
 
 from promptdistill.registry.backend import StoreUnavailableError
 from promptdistill.registry.hashing import content_hash
-from promptdistill.registry.records import ArtifactRecord, LabelEvent, VersionRecord, parse_ref
-from promptdistill.registry.store import Registry, code_provenance, default_actor
+from promptdistill.registry.records import parse_ref
+from promptdistill.registry.store import Registry
 
-__all__ = [
-    "ArtifactRecord",
-    "LabelEvent",
-    "Registry",
-    "StoreUnavailableError",
-    "VersionRecord",
-    "code_provenance",
-    "content_hash",
-    "default_actor",
-    "parse_ref",
-]
+__all__ = ["Registry", "StoreUnavailableError", "content_hash", "parse_ref"]

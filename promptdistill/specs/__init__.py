@@ -26,23 +26,20 @@ from typing import Any
 __all__ = [
     "ExamplesConfig",
     "MetricSpec",
-    "Slo",
     "Spec",
     "build_system",
     "examples_for",
-    "format_example",
     "load_spec",
     "load_specs",
     "select_examples",
-    "spec_from_dict",
     "spec_messages",
     "template_content",
     "validate_spec_file",
 ]
 
 _HOME = {
-    "ExamplesConfig": "model", "MetricSpec": "model", "Slo": "model", "Spec": "model", "spec_from_dict": "model",
-    "build_system": "prompt", "examples_for": "prompt", "format_example": "prompt", "select_examples": "prompt",
+    "ExamplesConfig": "model", "MetricSpec": "model", "Spec": "model",
+    "build_system": "prompt", "examples_for": "prompt", "select_examples": "prompt",
     "spec_messages": "prompt", "template_content": "prompt",
     "load_spec": "load", "load_specs": "load", "validate_spec_file": "load",
 }

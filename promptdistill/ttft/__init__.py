@@ -23,20 +23,8 @@ Example:
 """
 
 from promptdistill.ttft.estimators import MODEL_FEATURES, MonomialRegressor
-from promptdistill.ttft.fit import FitResult, check_frame, engine_rows, fit_models
-from promptdistill.ttft.model import TTFTModel, feature_row
-from promptdistill.ttft.profile import ProfileConfig, ProfileResult, run_profile
+from promptdistill.ttft.fit import check_frame, fit_models
+from promptdistill.ttft.model import TTFTModel
+from promptdistill.ttft.profile import ProfileConfig, run_profile
 
-__all__ = [
-    "MODEL_FEATURES",
-    "FitResult",
-    "MonomialRegressor",
-    "ProfileConfig",
-    "ProfileResult",
-    "TTFTModel",
-    "check_frame",
-    "engine_rows",
-    "feature_row",
-    "fit_models",
-    "run_profile",
-]
+__all__ = ["MODEL_FEATURES", "MonomialRegressor", "ProfileConfig", "TTFTModel", "check_frame", "fit_models", "run_profile"]
