@@ -38,7 +38,6 @@ class MeanCI:
     low: float | None
     high: float | None
     n: int
-    confidence: float
 
     def to_dict(self, prefix: str = "") -> dict[str, float | int | None]:
         return {f"{prefix}mean": self.mean, f"{prefix}ci_low": self.low, f"{prefix}ci_high": self.high, f"{prefix}n": self.n}
@@ -71,11 +70,11 @@ def bootstrap_ci(
     _check(confidence, n_boot)
     values = np.asarray([s for s in scores if s is not None], dtype=np.float64)
     if values.size == 0:
-        return MeanCI(None, None, None, 0, confidence)
+        return MeanCI(None, None, None, 0)
     means = _boot_means(values, n_boot, seed)
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(means, [tail, 1.0 - tail])
-    return MeanCI(float(values.mean()), float(low), float(high), int(values.size), confidence)
+    return MeanCI(float(values.mean()), float(low), float(high), int(values.size))
 
 
 def paired_diffs(candidate: Sequence[float | None], baseline: Sequence[float | None]) -> np.ndarray:

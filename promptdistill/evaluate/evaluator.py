@@ -85,10 +85,6 @@ class EvalReport:
         return mean_of([None if v is None else float(v) for v in self.valid])
 
     @property
-    def equivalence_mean(self) -> float | None:
-        return None if self.equivalence is None else mean_of(self.equivalence)
-
-    @property
     def lm_calls(self) -> int:
         return self.generation_calls + self.judge_calls
 

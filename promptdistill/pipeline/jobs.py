@@ -71,7 +71,6 @@ class SpecJob:
     name: str
     path: str
     spec_hash: str
-    dataset_path: str
     dataset_hash: str
 
 
@@ -84,7 +83,7 @@ def prepare_job(path: str | Path) -> SpecJob:
     spec = load_spec(Path(path))
     if not spec.dataset.is_file():
         raise SpecError(f"{spec.where}: dataset: file {spec.dataset} not found")
-    return SpecJob(name=spec.name, path=str(Path(path)), spec_hash=spec.spec_hash(), dataset_path=str(spec.dataset),
+    return SpecJob(name=spec.name, path=str(Path(path)), spec_hash=spec.spec_hash(),
                    dataset_hash=dataset_hash(spec.dataset))
 
 

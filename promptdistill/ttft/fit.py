@@ -241,8 +241,6 @@ class FitResult:
     test_groups: list[str]
     heldout_predictions: pd.DataFrame
     """Held-out rows with one ``pred_<candidate>`` column per candidate."""
-    fitted: dict[str, Any] = field(default_factory=dict)
-    """Every candidate fitted on the training prompts (for plots)."""
     refit_on_all: bool = True
     rows: dict[str, int] = field(default_factory=dict)
     """Row counts: total, failed, contended (left out), used."""
@@ -362,7 +360,6 @@ def _fit_models(
         train_groups=sorted(set(groups[train_idx])),
         test_groups=sorted(set(groups[test_idx])),
         heldout_predictions=test.reset_index(drop=True),
-        fitted=fitted,
         refit_on_all=refit_on_all,
     )
 

@@ -50,16 +50,13 @@ class MatmulPeak:
     ceiling); ``gflops_1t`` the same on one thread (NaN when torch's thread count is
     fixed, as in a process running vLLM's CPU worker, which binds its threads to cores).
     ``threads`` is the thread count torch actually ran with. ``by_size`` holds the best rate per
-    matrix size (GFLOP/s), ``samples`` how many timed products each size got.
+    matrix size (GFLOP/s).
     """
 
     gflops: float
     threads: int
     gflops_1t: float
     by_size: dict[int, float]
-    samples: int
-    dtype: str
-    seconds: float
     foreign_cpu_share: float = float("nan")
     """Share of the machine's CPU other processes used while the probe ran (NaN: unknown)."""
     kernel: str = "matmul"
@@ -116,8 +113,8 @@ def measure_matmul_peak(
     foreign = foreign_cpu_share(busy0, machine_busy_s(), time.process_time() - cpu0, seconds)
     by_size = {n: max(r for (_, m), r in rates.items() if m == n) for n in sizes}
     by_kernel = {k: max(r for (name, _), r in rates.items() if name == k) for k, _ in rates}
-    return MatmulPeak(gflops=max(rates.values()), threads=threads, gflops_1t=one, by_size=by_size, samples=samples,
-                      dtype="float32", seconds=seconds, foreign_cpu_share=foreign, kernel=best_name, by_kernel=by_kernel)
+    return MatmulPeak(gflops=max(rates.values()), threads=threads, gflops_1t=one, by_size=by_size,
+                      foreign_cpu_share=foreign, kernel=best_name, by_kernel=by_kernel)
 
 
 def _kernels(torch: Any, n: int) -> dict[str, Callable[[], Any]]:
