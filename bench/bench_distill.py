@@ -14,12 +14,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from bench.common import bundled_specs, setup, write_report
 
 setup()
 
 from promptdistill.core.config import load_settings  # noqa: E402
+from promptdistill.core.display import format_number  # noqa: E402
 
 
 def main() -> None:
@@ -77,8 +79,8 @@ def main() -> None:
                              "specs": rows, "judges": judges}, markdown)
 
 
-def _f(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def _f(value: Any, spec: str = ".3f") -> str:
+    return format_number(value, spec)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from bench.common import bundled_specs, progress, setup, write_report
 setup()
 
 from promptdistill.core.config import load_settings  # noqa: E402 - after the process defaults
+from promptdistill.core.display import format_number  # noqa: E402
 from promptdistill.engine import load_engine  # noqa: E402
 from promptdistill.optimize.select import SelectionRule  # noqa: E402
 from promptdistill.pipeline.budgets import budget_preset  # noqa: E402
@@ -83,8 +84,8 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
     return row
 
 
-def _f(v: Any, fmt: str = ".3f") -> str:
-    return "-" if v is None else format(v, fmt)
+def _f(value: Any, spec: str = ".3f") -> str:
+    return format_number(value, spec)
 
 
 def _change(a: Any, b: Any) -> str:

@@ -77,6 +77,7 @@ from bench.common import REPORT_DIR, commit, progress, setup, write_report
 setup()
 
 from promptdistill.core.config import load_settings  # noqa: E402 - after the process defaults
+from promptdistill.core.display import format_number  # noqa: E402
 from promptdistill.core.jsonio import atomic_write, write_json  # noqa: E402
 from promptdistill.engine.base import Engine, EngineWrapper, GenerationRequest, GenerationResult  # noqa: E402
 from promptdistill.specs.render import unescape_braces  # noqa: E402
@@ -859,8 +860,8 @@ def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
 # -- report --------------------------------------------------------------------------------------------
 
 
-def _f(v: Any, fmt: str = ".3f") -> str:
-    return "-" if v is None else format(v, fmt)
+def _f(value: Any, spec: str = ".3f") -> str:
+    return format_number(value, spec)
 
 
 def _ci(s: Mapping[str, Any], prefix: str = "test_") -> str:
