@@ -103,8 +103,8 @@ PHASE_LEVERS = {
                  "does not clearly keep or drop, or fewer screen records, cuts it",
     "screening": "every grid candidate (instruction variants x example counts) on the screen records: fewer "
                  "variants or counts cut it in proportion",
-    "output formats": "two more output formats on format_size records: formats=False (constrained decoding is what "
-                      "is published anyway) removes it",
+    "output formats": "two more output formats on format_size records, a table only (constrained decoding is "
+                      "published unless it gives less valid JSON): formats=False, as in the quick preset, removes it",
     "example sets": "several example sets per count on the screen records: fixed_subsets=1 removes the choice",
     "clause judge": "judge calls, one per unprotected clause (and repairs)",
     "rewrites": "judge calls, one per rewrite target (and repairs)",

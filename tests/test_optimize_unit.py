@@ -57,6 +57,21 @@ def test_bootstrap_ci_brackets_the_mean():
 # --- Pareto front ------------------------------------------------------------------------
 
 
+def test_the_published_format_follows_valid_json_not_quality_on_a_few_records():
+    from promptdistill.optimize.finish import preferred_format
+
+    def rows(constrained, schema_in_prompt, free):
+        return [{"format": name, "valid_json_rate": valid, "quality": quality} for name, (valid, quality) in
+                (("free", free), ("schema_in_prompt", schema_in_prompt), ("constrained", constrained))]
+
+    # Better quality on the format records certifies nothing: constrained decoding stays.
+    assert preferred_format(rows((1.0, 0.25), (1.0, 0.75), (1.0, 0.5))) == "constrained"
+    assert preferred_format(rows((1.0, 0.25), (0.9, 0.75), (None, None))) == "constrained"
+    # Constrained replies cut off more often than another format's: that format.
+    assert preferred_format(rows((0.75, 0.5), (1.0, 0.5), (0.5, 0.5))) == "schema_in_prompt"
+    assert preferred_format(rows((0.75, 0.5), (0.75, 0.5), (0.875, 0.1))) == "free"
+
+
 def test_pareto_mask_keeps_only_non_dominated_points():
     quality = [0.5, 0.7, 0.6, 0.9, 0.9, np.nan]
     # c dominated by b, e by d, f has no quality

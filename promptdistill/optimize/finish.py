@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,7 +34,7 @@ from promptdistill.specs.datasets import dataset_hash
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import template_content
 
-__all__ = ["cache_tradeoff", "candidate_rows", "choose_format", "density_curve", "finish"]
+__all__ = ["cache_tradeoff", "candidate_rows", "choose_format", "density_curve", "finish", "preferred_format"]
 
 _FORMAT_PREFERENCE = {"constrained": 2, "schema_in_prompt": 1, "free": 0}
 SAMPLING = {"temperature": 0.0}
@@ -114,10 +114,21 @@ def cache_tradeoff(df: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def choose_format(run: OptimizeRun, winner: ExampleCandidate) -> tuple[pd.DataFrame, str, Spec, bool, EvalReport]:
-    """Valid-JSON rate three ways on the first ``format_size`` screen records.
+def preferred_format(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The format to publish: the highest valid-JSON rate, ties to constrained decoding.
 
-    Returns the table, the chosen format (ties: constrained decoding), its spec, whether
+    Quality is shown, not used: a few screen records cannot certify that an unconstrained
+    format answers better, and constrained decoding is what guarantees a service a reply it
+    can parse. Another format wins only when constrained replies were cut off more often.
+    """
+    return max(rows, key=lambda r: (r["valid_json_rate"] or 0.0, _FORMAT_PREFERENCE[r["format"]]))["format"]
+
+
+def choose_format(run: OptimizeRun, winner: ExampleCandidate) -> tuple[pd.DataFrame, str, Spec, bool, EvalReport]:
+    """Valid-JSON rate (and quality, for the table) three ways on the first ``format_size``
+    screen records.
+
+    Returns the table, the chosen format (:func:`preferred_format`), its spec, whether
     decoding is constrained, and the report whose completion tokens size ``max_tokens``.
     """
     own = winner.raced if winner.raced is not None else winner.screen
@@ -142,11 +153,11 @@ def choose_format(run: OptimizeRun, winner: ExampleCandidate) -> tuple[pd.DataFr
              "completion_tokens_mean": float(np.mean(report.completion_tokens)) if report.completion_tokens else None,
              "truncated_rate": float(np.mean(report.truncated)) if report.truncated else None}
             for name, (spec, constrained, report) in modes.items()]
-    best = max(rows, key=lambda r: (r["valid_json_rate"] or 0.0, r["quality"] or 0.0, _FORMAT_PREFERENCE[r["format"]]))
+    best = preferred_format(rows)
     df = pd.DataFrame(rows)
-    df["chosen"] = df["format"] == best["format"]
-    spec, constrained, report = modes[best["format"]]
-    return df, best["format"], spec, constrained, own if constrained else report
+    df["chosen"] = df["format"] == best
+    spec, constrained, report = modes[best]
+    return df, best, spec, constrained, own if constrained else report
 
 
 def _budget_from(report: EvalReport) -> TokenBudget:

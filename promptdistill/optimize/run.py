@@ -84,7 +84,8 @@ class OptimizeBudget:
     feature_records: int = setting(6, "dev records whose prompts the TTFT predictions average over", at_least=1)
     timing_records: int = setting(3, "test records measured cold and warm on the real engine (0: no measurement)",
                                   at_least=0)
-    formats: bool = setting(True, "compare free text, schema-in-prompt and constrained decoding (specs with a schema)")
+    formats: bool = setting(True, "compare free text, schema-in-prompt and constrained decoding (specs with a schema; "
+                            "constrained is published unless another format gave more valid JSON)")
     format_size: int = setting(16, "screen records the three output formats are compared on", at_least=0)
 
     def __post_init__(self) -> None:

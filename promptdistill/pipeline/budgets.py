@@ -87,10 +87,11 @@ def budget_preset(name: str) -> dict[str, Any]:
                                      max_minutes=10.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
                                      finalists=1, race=False),
             # Per-request (similar) examples are left out: they are not publishable as a static
-            # template, and screening them would only draw the trade-off table.
+            # template, and screening them would only draw the trade-off table. So is the output
+            # format table: constrained decoding is published unless it gives less valid JSON.
             "budget": OptimizeBudget(max_lm_calls=4000, max_minutes=30.0, screen_size=16, dev_size=1000,
                                      test_size=200, fewshot_counts=(0, 2, 4), similar_counts=(), fixed_subsets=1,
-                                     max_variants=3, feature_records=3, timing_records=2, format_size=8),
+                                     max_variants=3, feature_records=3, timing_records=2, formats=False),
             # One finalist: alpha 0.1 is its own (no split), and each record costs two
             # evaluations (baseline and finalist), not three.
             "selection": SelectionRule(finalists=1),
