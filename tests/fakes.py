@@ -107,7 +107,7 @@ def json_reply(obj: object) -> Callable[[GenerationRequest], str]:
 
 
 class FakeMeter:
-    """Stands in for a ``CallMeter`` where only its ``calls`` count matters (``search.Budget``)."""
+    """Stands in for a ``CallMeter`` where only its ``calls`` count matters (``search.budget.Budget``)."""
 
     def __init__(self, calls: int = 0):
         self.calls = calls

@@ -439,7 +439,8 @@ def test_a_summary_read_back_from_parquet_shows_the_same_as_the_row():
     (back,) = json_records(report.summary_frame([row, report.failed_row("x", "boom")]).iloc[:1])
     assert back["ttft_ms_after"] is None and back["quality_before_low"] is None and back["version"] == 3
     assert json.dumps(back, allow_nan=False)  # plain JSON: no NaN, no numpy scalars
-    assert format_number(None) == format_number(float("nan")) == format_number(np.float64("nan"), "+.3f") == "-"
+    assert format_number(None) == format_number(float("nan")) == format_number(np.float64("nan"), "+.3f") \
+        == format_number(np.float32("nan"), ".3f") == "-"
     assert format_number(0.8123, ".2f") == "0.81" and format_number(np.int64(7), "d") == "7"
     assert report.format_ci(0.8, None, 0.9) == report.format_ci(0.8, float("nan"), 0.9) == "0.800"
     assert report.format_ci(float("nan"), 0.7, 0.9) == "-" and report.format_ci(0.8, 0.7, 0.9) == "0.800 [0.700, 0.900]"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 __all__ = ["format_number"]
@@ -15,6 +16,6 @@ def format_number(value: Any, spec: str = ".0f") -> str:
         >>> format_number(0.8123, "+.2f"), format_number(None), format_number(float("nan"), ".3f")
         ('+0.81', '-', '-')
     """
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):
         return "-"
     return format(value, spec)

@@ -36,7 +36,7 @@ __all__ = ["Comparison", "JudgeRunner", "JudgeStats", "Verdict"]
 
 _REPAIR = "That reply is invalid: {error}. Reply again with only the JSON object, matching the schema exactly."
 _MAX_REPAIR_TOKENS = 1024
-_BATCH_TIMEOUT_S = 3600.0  # a batch bound, as evaluate.BATCH_TIMEOUT_S explains
+_BATCH_TIMEOUT_S = 3600.0  # a batch bound, as evaluate.evaluator.BATCH_TIMEOUT_S explains
 
 Check = Callable[[Any], "str | None"]
 

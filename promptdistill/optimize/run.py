@@ -15,8 +15,9 @@ The run, in order (each step a method of ``OptimizeRun``, the state ``finish`` r
    non-inferior, and replaces the baseline only when its predicted TTFT is lower by more
    than the TTFT model's error, or within it at the baseline's quality or better
    (docs/decisions.md);
-6. for the winner: the valid-JSON rate three ways (free text, schema in the prompt,
-   constrained decoding), then ``max_tokens`` from its completion tokens;
+6. for the winner: constrained decoding for a spec with a schema, unless another format
+   (free text, schema in the prompt; compared only with ``formats``, off in the quick
+   preset) gave more valid JSON; then ``max_tokens`` from its completion tokens;
 7. verify on the test split, measure TTFT cold and warm on the engine, keep the baseline
    if the winner fails (``finish.py``).
 
