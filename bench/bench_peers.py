@@ -658,7 +658,7 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
 
     from bench.peer_export import export_program
     from promptdistill.core.stats import bootstrap_ci
-    from promptdistill.engine.dspy_bridge import make_dspy_lm
+    from bench.dspy_bridge import make_dspy_lm
 
     counter = CallCounter(engine)
     temperature = 1.0 if kind.startswith("gepa") else 0.0  # GEPA's docs: a sampling reflection LM

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.engine
 def test_dspy_predict_runs_on_the_engine(engine, tmp_path):
     import dspy
 
-    from promptdistill.engine.dspy_bridge import make_dspy_lm
+    from bench.dspy_bridge import make_dspy_lm
 
     lm = make_dspy_lm(engine, cache_dir=tmp_path / "dspy_cache", max_tokens=64)
     assert engine.identity.key() in lm.model
@@ -28,7 +28,7 @@ def test_dspy_predict_runs_on_the_engine(engine, tmp_path):
 
 
 def test_concurrent_calls_are_gathered_into_batches(engine):
-    from promptdistill.engine.dspy_bridge import BatchingEngine
+    from bench.dspy_bridge import BatchingEngine
 
     bridge = BatchingEngine(engine, window_s=0.2)
     results = [None] * 6

@@ -67,7 +67,7 @@ def test_the_bridge_sends_what_the_template_sends_and_the_prediction_is_our_pars
     """The program run through the real DSPy bridge (``make_dspy_lm``) on a fake engine:
     every request equals the template's request (messages, schema text, max_tokens,
     temperature, seed), and DSPy's prediction equals ``parse_reply`` of the same reply."""
-    from promptdistill.engine.dspy_bridge import make_dspy_lm
+    from bench.dspy_bridge import make_dspy_lm
 
     spec, program = optimized_program("invoice_extraction")
     test = records(dataset_for(spec), "test")[:4]

@@ -1,4 +1,6 @@
-"""A DSPy bridge: ``dspy.LM`` calls routed to a promptdistill ``Engine``, in batches.
+"""A DSPy bridge for the peers benchmark: ``dspy.LM`` calls routed to a promptdistill
+``Engine``, in batches (MIPROv2 and GEPA run on the same engine as ours; the product never
+imports DSPy).
 
 DSPy evaluates and optimizes with a thread pool, one LM call per thread. Sent one at a
 time, a local vLLM would run them serially; the ``BatchingEngine`` here gathers calls
