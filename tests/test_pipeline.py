@@ -460,6 +460,11 @@ def test_markdown_reports(tmp_path):
         [row, report.failed_row("summarize", "boom")], ttft={"reason": "fresh"}, run_id="r1", registry_root="reg")
     assert "1 of 2 specs done, 1 failed." in night and "- **summarize**: boom" in night
     assert "`ticket_triage:3` labels: candidate" in night
+    # The markdown summary has the terminal table's cells, row by row.
+    assert "| template | status | tokens | TTFT ms | quality | published |\n|---|---|---|---|---|---|\n" in night
+    text_row = report.format_summary_table([row]).splitlines()[2].split()
+    md_row = next(line for line in night.splitlines() if line.startswith("| ticket_triage |"))
+    assert [c for cell in md_row.strip("| ").split(" | ") for c in cell.split()] == text_row
 
 
 def test_image_markdown_links_big_or_missing_images(tmp_path):

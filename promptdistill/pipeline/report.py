@@ -198,19 +198,20 @@ def version_label(row: Mapping[str, Any]) -> str:
     return f"{row['template']}:{int(row['version'])}{labels}"
 
 
+_SUMMARY_HEADER = ("template", "status", "tokens", "TTFT ms", "quality", "published")
+
+
+def _summary_cells(r: Mapping[str, Any]) -> tuple[str, ...]:
+    """One spec's cells of the night's summary (``_SUMMARY_HEADER``): the terminal table and the markdown report."""
+    return (str(r["template"]), str(r["status"]) + (" (cached)" if r.get("cached") else ""),
+            _arrow(r.get("tokens_before"), r.get("tokens_after")), format_ttft(r),
+            _arrow(r.get("quality_before"), r.get("quality_after"), ".3f"), version_label(r))
+
+
 def format_summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A plain-text table: template, tokens, TTFT (measured), quality before -> after, version."""
-    header = ("template", "status", "tokens", "TTFT ms", "quality", "published")
-    body = []
-    for r in rows:
-        body.append((
-            str(r["template"]),
-            str(r["status"]) + (" (cached)" if r.get("cached") else ""),
-            _arrow(r.get("tokens_before"), r.get("tokens_after")),
-            format_ttft(r),
-            _arrow(r.get("quality_before"), r.get("quality_after"), ".3f"),
-            version_label(r),
-        ))
+    header = _SUMMARY_HEADER
+    body = [_summary_cells(r) for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
@@ -282,13 +283,8 @@ def nightly_report_markdown(
     if ttft:
         refreshed = f" (refreshed: version {ttft['version']})" if ttft.get("refreshed") else ""
         lines.append(f"TTFT model: {ttft.get('reason', '')}{refreshed}")
-    lines += ["", "| template | status | tokens | TTFT ms | quality | published |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['template']} | {r['status']}{' (cached)' if r['cached'] else ''} "
-            f"| {_arrow(r['tokens_before'], r['tokens_after'])} | {format_ttft(r)} "
-            f"| {_arrow(r['quality_before'], r['quality_after'], '.3f')} | {version_label(r)} |"
-        )
+    lines += ["", f"| {' | '.join(_SUMMARY_HEADER)} |", "|---" * len(_SUMMARY_HEADER) + "|"]
+    lines += [f"| {' | '.join(_summary_cells(r))} |" for r in rows]
     if failed:
         lines += ["", "## Failed", ""] + [f"- **{r['template']}**: {r['error']}" for r in failed]
     published = [r for r in rows if r["version"] is not None]
