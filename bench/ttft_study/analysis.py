@@ -11,27 +11,26 @@ Resampling prompts rather than rows keeps repeats from posing as independent evi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 from sklearn.base import clone
 
 from promptdistill.ttft.estimators import (
-    ANALYSIS_TERMS,
-    DENSITY_HINGE,
     DERIVED_FEATURES,
     MECHANICS_TERMS,
     MonomialRegressor,
-    term_names,
     with_mechanics,
 )
 from promptdistill.ttft.fit import mechanics_of, model_inputs
 from promptdistill.ttft.hardware import ModelFlops
 
 __all__ = [
+    "ANALYSIS_TERMS",
     "CLAIMED_DENSITY_BETA",
     "CLAIMED_FEWSHOT_MS",
+    "DENSITY_HINGE",
     "LADDER_SIZES",
     "batched_ceiling",
     "bootstrap_coefficients",
@@ -39,6 +38,7 @@ __all__ = [
     "fewshot_table",
     "prefill_throughput",
     "queue_table",
+    "term_names",
     "token_only_residuals",
 ]
 
@@ -47,7 +47,28 @@ CLAIMED_DENSITY_BETA = 0.87
 CLAIMED_FEWSHOT_MS = {1: 127.0, 4: 316.0, 8: 492.0}
 """The same source's TTFT for 1/4/8 examples of ~64 tokens on a 512-token base."""
 
+DENSITY_HINGE = 0.65
+"""The density above which the same claim says TTFT rises steeply."""
+
 _TOKEN_TERMS = MECHANICS_TERMS  # the token mechanics alone: no text features
+ANALYSIS_TERMS: tuple[tuple[int, ...], ...] = (
+    *MECHANICS_TERMS,
+    *((DERIVED_FEATURES.index(name),) for name in ("fewshot_count", "semantic_density", "entropy_bits")),
+)
+"""The mechanics plus the prompt's shape and text: the model the coefficient table and the
+density question are read from (the TTFT model leaves the text out)."""
+
+
+def term_names(terms: Sequence[Sequence[int]], features: Sequence[str] = DERIVED_FEATURES) -> list[str]:
+    """Readable names: ``uncached_tokens^2``, ``uncached_tokens*cached_tokens``."""
+    names = []
+    for term in terms:
+        parts = []
+        for i in sorted(set(term)):
+            power = list(term).count(i)
+            parts.append(features[i] if power == 1 else f"{features[i]}^{power}")
+        names.append("*".join(parts))
+    return names
 
 
 def _X(df: pd.DataFrame, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.ttft_study.analysis import token_only_residuals
-from promptdistill.ttft.estimators import DENSITY_HINGE, MODEL_FEATURES
+from bench.ttft_study.analysis import DENSITY_HINGE, token_only_residuals
+from promptdistill.ttft.estimators import MODEL_FEATURES
 from promptdistill.ttft.figures import fit_figure, pyplot, requests_alone, save_figure
 from promptdistill.ttft.fit import FitResult, model_inputs
 from promptdistill.ttft.noise import repeat_key

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.ttft_study.analysis import CLAIMED_DENSITY_BETA
-from promptdistill.ttft.estimators import DENSITY_HINGE
+from bench.ttft_study.analysis import CLAIMED_DENSITY_BETA, DENSITY_HINGE
 
 __all__ = ["engine_markdown", "overview_markdown"]
 

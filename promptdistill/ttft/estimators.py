@@ -59,16 +59,13 @@ from sklearn.utils.validation import (
 
 __all__ = [
     "BASE_FEATURES",
-    "DENSITY_HINGE",
     "DERIVED_FEATURES",
     "EngineMechanics",
-    "ANALYSIS_TERMS",
     "LINEAR_TERMS",
     "MECHANICS_TERMS",
     "MODEL_FEATURES",
     "MonomialRegressor",
     "candidate_estimators",
-    "term_names",
     "warm_cached_tokens",
     "with_mechanics",
 ]
@@ -116,13 +113,6 @@ attention as ``prefill_tokens x uncached_tokens`` (alone ``u²``; in a group of 
 requests of about this one's size, their summed ``u²``) and the steps' squared sizes.
 For a request alone the last two are both ``u²``: only requests measured together tell
 them apart."""
-
-ANALYSIS_TERMS: tuple[tuple[int, ...], ...] = (*MECHANICS_TERMS, (_K,), (_D,), (_H,))
-"""The mechanics plus the prompt's shape and text (few-shot count, density, entropy): the
-model the coefficient table and the density question are read from."""
-
-DENSITY_HINGE = 0.65
-"""The density above which a widely shared claim says TTFT rises steeply."""
 
 
 def warm_cached_tokens(static_prefix_tokens: Any, total_tokens: Any, block_tokens: int | None) -> Any:
@@ -212,18 +202,6 @@ def with_mechanics(regressor: BaseEstimator, *, block_tokens: int | None = None,
                    chunk_tokens: int | None = None) -> Pipeline:
     """``regressor`` behind an ``EngineMechanics`` step: a model taking ``MODEL_FEATURES``."""
     return Pipeline([("mechanics", EngineMechanics(block_tokens, chunk_tokens)), ("regressor", regressor)])
-
-
-def term_names(terms: Sequence[Sequence[int]], features: Sequence[str] = DERIVED_FEATURES) -> list[str]:
-    """Readable names: ``uncached_tokens^2``, ``uncached_tokens*cached_tokens``."""
-    names = []
-    for term in terms:
-        parts = []
-        for i in sorted(set(term)):
-            power = list(term).count(i)
-            parts.append(features[i] if power == 1 else f"{features[i]}^{power}")
-        names.append("*".join(parts))
-    return names
 
 
 def _all_terms(n_features: int, degree: int) -> tuple[tuple[int, ...], ...]:
