@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from bench.common import bundled_specs, progress, setup, write_report
+from bench.common import bundled_specs, drain_prefect, progress, setup, write_report
 
 setup()
 
@@ -39,7 +39,6 @@ import httpx  # noqa: E402
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import resolve_model  # noqa: E402
 from promptdistill.engine.launcher import VLLMServer, free_port  # noqa: E402
-from promptdistill.flows import drain_prefect  # noqa: E402
 
 SERVED = "smollm2-bench"
 ENV_KEYS = ("PROMPTDISTILL_BACKEND", "PROMPTDISTILL_SERVER_URLS", "PROMPTDISTILL_SERVED_MODEL_NAME",

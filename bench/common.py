@@ -1,7 +1,9 @@
-"""What every benchmark records beside its figures: machine, commit, engine identity."""
+"""What every benchmark records beside its figures (machine, commit, engine identity), and the
+helpers they share (progress lines, process defaults, draining Prefect before its server stops)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -81,3 +83,19 @@ def write_report(name: str, result: dict[str, Any], markdown: str | None = None)
     print(json.dumps(result, indent=2, default=str))
     progress(f"report: {path}" + (f" and {path.with_suffix('.md').name}" if markdown else ""))
     return path
+
+
+def drain_prefect() -> None:
+    """Send Prefect's queued logs and events now, while the API server still runs (as
+    ``prefect_test_harness`` does): a process that stops its own server first would retry
+    the stopped server at exit for minutes."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        for result in (APILogWorker.instance().drain(), EventsWorker.drain_all()):
+            if inspect.isawaitable(result):
+                await result
+
+    run_coro_as_sync(drain())

@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from promptdistill.engine.launcher import free_port
-from promptdistill.flows import drain_prefect
 
-__all__ = ["background", "drain_prefect", "free_port", "stop", "tail", "wait_http"]
+__all__ = ["background", "free_port", "stop", "tail", "wait_http"]
 
 
 def stop(proc: subprocess.Popen, wait_s: float = 30.0) -> None:

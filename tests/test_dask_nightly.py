@@ -26,7 +26,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from processes import background, drain_prefect, free_port, wait_http
+from processes import background, free_port, wait_http
+
+from bench.common import drain_prefect
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
