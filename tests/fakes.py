@@ -7,7 +7,7 @@ something works on the real engine.
 
 ``FakeServerEngine`` also reports a prefix-cache hit rate. For the search kernel
 (``promptdistill.search``): ``FakeEvaluator`` scripts every candidate's score per record,
-``FakeMeter`` and ``FakeClock`` drive a ``Budget``.
+``FakeMeter`` and ``FakeClock`` drive a ``Budget``. ``LINEAR_TERMS`` makes small TTFT models.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ from promptdistill.engine.base import (
 
 if TYPE_CHECKING:
     from promptdistill.evaluate.evaluator import EvalReport
+
+LINEAR_TERMS: tuple[tuple[int, ...], ...] = ((0,), (0, 0), (1,), (0, 1), (2,), (3,), (4,))
+"""A small TTFT model for tests: a format-1 linear model's terms over ``BASE_FEATURES``
+(uncached, uncached², cached, uncached x cached, few-shot count, density, entropy). The
+product no longer fits such models (it fits ``MECHANICS_TERMS``) but still loads them."""
 
 FAKE_IDENTITY = EngineIdentity(
     model="fake", backend="fake", dtype="none", max_model_len=2048, hardware="none", engine_version="0"

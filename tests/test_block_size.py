@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fakes import FAKE_IDENTITY, FakeEngine, FakeVLLMEndpoint
+from fakes import FAKE_IDENTITY, LINEAR_TERMS, FakeEngine, FakeVLLMEndpoint
 from promptdistill.core.config import EngineConfig, load_settings
 from promptdistill.core.errors import ConfigError, EngineUnavailableError
 from promptdistill.core.jsonio import canonical_json
@@ -196,7 +196,7 @@ def test_the_block_size_is_part_of_the_engine_identity():
 
 def test_a_ttft_model_fitted_at_another_block_size_refuses_to_predict():
     from promptdistill.core.errors import ModelIdentityError
-    from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
+    from promptdistill.ttft.estimators import MonomialRegressor
     from promptdistill.ttft.model import TTFTModel
 
     X = np.column_stack([np.linspace(10, 900, 20), np.zeros(20), np.zeros(20), np.full(20, 0.5), np.full(20, 7.0)])
@@ -233,7 +233,7 @@ def _linear_ttft_model(block_size, cached_ms_per_token, ms_per_token=0.4):
     cached one, fitted exactly on random prompts, for an engine with ``block_size``; and 3
     dev records of ticket_triage."""
     from promptdistill.specs.datasets import dataset_for, records
-    from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
+    from promptdistill.ttft.estimators import MonomialRegressor
     from promptdistill.ttft.model import TTFTModel
     from bundled_specs import load_spec
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bundled_specs import PROMPTS
-from fakes import FAKE_IDENTITY, FakeEngine
+from fakes import FAKE_IDENTITY, LINEAR_TERMS, FakeEngine
 from PIL import Image
 
 from promptdistill.optimize import OptimizeBudget, optimize
@@ -41,7 +41,7 @@ from promptdistill.registry.store import Registry
 from promptdistill.specs.clauses import split_text_clauses
 from promptdistill.specs.diff import DiffOp, diff_units
 from promptdistill.specs.load import load_spec
-from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
+from promptdistill.ttft.estimators import MonomialRegressor
 from promptdistill.ttft.model import TTFTModel
 
 # --- the diff ------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from bundled_specs import PROMPTS, load_spec
-from fakes import FAKE_IDENTITY, FakeEngine, FakeServerEngine, fake_report
+from fakes import FAKE_IDENTITY, LINEAR_TERMS, FakeEngine, FakeServerEngine, fake_report
 from promptdistill.core.stats import bootstrap_ci
 from promptdistill.engine.meter import CallMeter
 from promptdistill.optimize import (
@@ -36,7 +36,7 @@ from promptdistill.optimize import (
 from promptdistill.optimize.run import OptimizeRun, measured_hit_rate, warm_share_from_hit_rate
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, unmeasured_quality
 from promptdistill.search.racing import Decision, select
-from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
+from promptdistill.ttft.estimators import MonomialRegressor
 from promptdistill.ttft.model import TTFTModel
 
 # --- bootstrap ---------------------------------------------------------------------------

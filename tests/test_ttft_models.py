@@ -7,11 +7,11 @@ that the fit recovers it. Real-engine behaviour is in test_ttft_engine.py.
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from fakes import LINEAR_TERMS
 from sklearn.base import clone
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.utils.estimator_checks import estimator_checks_generator
@@ -23,7 +23,6 @@ from promptdistill.ttft import MODEL_FEATURES, MonomialRegressor, TTFTModel, che
 from promptdistill.ttft.estimators import (
     BASE_FEATURES,
     DERIVED_FEATURES,
-    LINEAR_TERMS,
     EngineMechanics,
     candidate_estimators,
     with_mechanics,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bundled_specs import load_spec
-from fakes import FAKE_IDENTITY, FakeDriftingEngine
+from fakes import FAKE_IDENTITY, LINEAR_TERMS, FakeDriftingEngine
 from promptdistill.optimize.verify import (
     TimedTemplate,
     measure_ttft,
@@ -26,7 +26,7 @@ from promptdistill.pipeline.report import (
     summary_row,
 )
 from promptdistill.specs.prompt import template_content
-from promptdistill.ttft.estimators import LINEAR_TERMS, MonomialRegressor
+from promptdistill.ttft.estimators import MonomialRegressor
 from promptdistill.ttft.model import TTFTModel
 
 

@@ -61,7 +61,6 @@ __all__ = [
     "BASE_FEATURES",
     "DERIVED_FEATURES",
     "EngineMechanics",
-    "LINEAR_TERMS",
     "MECHANICS_TERMS",
     "MODEL_FEATURES",
     "MonomialRegressor",
@@ -88,17 +87,6 @@ DERIVED_FEATURES: tuple[str, ...] = (*BASE_FEATURES, "prefill_tokens", "prefill_
 _U, _C, _K, _D, _H, _P, _S, _Q = range(len(DERIVED_FEATURES))
 
 # Terms as tuples of column indices (a repeated index is a power).
-LINEAR_TERMS: tuple[tuple[int, ...], ...] = (
-    (_U,),  # prefill work per new token
-    (_U, _U),  # attention among the new tokens: the quadratic term
-    (_C,),  # cached tokens: cache lookup and KV reads
-    (_U, _C),  # attention of each new token over the cached context
-    (_K,),
-    (_D,),
-    (_H,),
-)
-"""The linear model on the base features alone (format-1 models)."""
-
 MECHANICS_TERMS: tuple[tuple[int, ...], ...] = (
     (_P,),  # prefill work: every token computed up to this request's first token (alone: its own)
     (_P, _U),  # attention among new tokens: alone u², in a group of similar requests the sum of their squares
