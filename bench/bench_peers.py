@@ -41,7 +41,7 @@ side at the engine (``search_tokens``: computed, i.e. prefilled past vLLM's pref
 plus completion, and prompt + completion; ours' held-out verification apart); wall
 minutes; the resulting prompt's total tokens (the rendered chat prompt, served tokenizer,
 mean over the test records) and instruction tokens (``Spec.instruction_text()``); measured
-TTFT cold and warm (``optimize.verify.measure_ttft``; a peer's by
+TTFT cold and warm (``optimize.verify.measure_ttft_interleaved``, one template at a time; a peer's by
 ``bench.peer_export.measure_ttft``, which renders its demo turns; every template one after
 the other, after all runs).
 Scoring the peers' programs and templates on test is not part of their cost, nor is ours'
@@ -341,11 +341,13 @@ def peer_template_scores(engine: Engine, spec: Any, content: Mapping[str, Any], 
 def ttft_figures(engine: Engine, model: Any, spec: Any, content: Mapping[str, Any],
                  records: Sequence[Mapping[str, Any]], *, n: int, block_tokens: int, label: str,
                  seed: int) -> dict[str, Any]:
-    """Measured TTFT cold and warm (``measure_ttft``, the optimizer's own function), means over ``n`` records."""
-    from promptdistill.optimize.verify import measure_ttft
+    """Measured TTFT cold and warm (``measure_ttft_interleaved``, the optimizer's own function, on this one
+    template), means over ``n`` records."""
+    from promptdistill.optimize.verify import TimedTemplate, measure_ttft_interleaved
 
-    rows = measure_ttft(engine, content, content_spec(spec, content), [], records, model=model, n=n,
-                        block_tokens=block_tokens, label=label, seed=seed)
+    template = TimedTemplate(label, content, content_spec(spec, content), [], records)
+    rows = measure_ttft_interleaved(engine, [template], model=model, n=n, repeats=1, block_tokens=block_tokens,
+                                    seed=seed)
 
     def mean(cache: str) -> float | None:
         sel = [r["ttft_ms"] for r in rows if r["cache"] == cache]

@@ -150,7 +150,7 @@ def requests(content: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *
 
 def measure_ttft(engine: Engine, content: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, n: int,
                  seed: int = 0) -> dict[str, Any]:
-    """Measured TTFT cold and warm, as ``optimize.verify.measure_ttft`` measures a template
+    """Measured TTFT cold and warm, as ``optimize.verify.measure_ttft_interleaved`` measures a template
     (prefill only; cold after a prefix-cache reset; warm after a reset and one request for
     the next record), means over the first ``n`` records."""
     pool = list(records[: n + 1])

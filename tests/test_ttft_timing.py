@@ -11,7 +11,6 @@ from bundled_specs import load_spec
 from fakes import FAKE_IDENTITY, LINEAR_TERMS, FakeDriftingEngine
 from promptdistill.optimize.verify import (
     TimedTemplate,
-    measure_ttft,
     measure_ttft_interleaved,
     timing_repeats,
     timing_summary,
@@ -92,8 +91,7 @@ def test_interleaving_keeps_drift_out_of_the_difference(templates):
     engine = FakeDriftingEngine()
     one_after_the_other = []
     for t in templates:
-        one_after_the_other += measure_ttft(engine, t.content, t.spec, t.examples, t.records, model=model, n=2,
-                                            block_tokens=16, label=t.label, repeats=6)
+        one_after_the_other += measure_ttft_interleaved(engine, [t], model=model, n=2, repeats=6, block_tokens=16)
     naive = ttft_difference(one_after_the_other, warm_share=0.8)
     assert naive["measured_cold_diff_ms"] - truth > 100.0
 

@@ -38,8 +38,8 @@ from promptdistill.specs.prompt import spec_messages
 from promptdistill.specs.render import render_messages
 from promptdistill.ttft.features import prompt_features
 
-__all__ = ["MIN_TIMING_PAIRS", "TimedTemplate", "check_rendering", "measure_ttft", "measure_ttft_interleaved",
-           "timing_repeats", "timing_summary", "ttft_difference"]
+__all__ = ["MIN_TIMING_PAIRS", "TimedTemplate", "check_rendering", "measure_ttft_interleaved", "timing_repeats",
+           "timing_summary", "ttft_difference"]
 
 MIN_TIMING_PAIRS = 12
 """Paired measurements per cache state the interval is built on (records x repeats)."""
@@ -156,28 +156,6 @@ def _prediction(engine: Engine, model: Any, t: TimedTemplate, record: Mapping[st
                                                         engine_identity=engine.identity))
     return {"cold": float(cold_ms), "warm": float(warm_ms), "warm_cached": warm,
             "static_prefix_tokens": int(f["static_prefix_tokens"])}
-
-
-def measure_ttft(
-    engine: Engine,
-    content: Mapping[str, Any],
-    spec: Spec,
-    examples: Sequence[Mapping[str, Any]],
-    records: Sequence[Mapping[str, Any]],
-    *,
-    model: Any,
-    n: int,
-    block_tokens: int,
-    fewshot_count: int | None = None,
-    label: str = "",
-    seed: int = 0,
-    repeats: int = 1,
-) -> list[dict[str, Any]]:
-    """One template's TTFT, cold and warm, on its first ``n`` records (see
-    ``measure_ttft_interleaved``; comparing two templates wants that instead)."""
-    template = TimedTemplate(label, content, spec, examples, records, fewshot_count)
-    return measure_ttft_interleaved(engine, [template], model=model, n=n, repeats=repeats,
-                                    block_tokens=block_tokens, seed=seed)
 
 
 def timing_summary(rows: Sequence[Mapping[str, Any]], label: str, warm_share: float = 0.8) -> dict[str, Any]:
