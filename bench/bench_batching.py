@@ -7,10 +7,11 @@ cache reset before each side, so only the batching differs. Reports throughput
 
 Beside the ratio stands the ceiling the hardware allows. The machine's dense matmul peak
 is measured in this process first (``promptdistill.ttft.hardware``), the workload's
-arithmetic is counted from the model's parameters (prefill and every decoded token), and
-no batch can finish faster than ``FLOPs / peak``: so the batched/serial ratio is at most
-``serial time / (FLOPs / peak)``, one over the serial run's share of the peak. A target
-above that ceiling (5x was the guess) cannot be met on this machine by batching alone.
+arithmetic is counted from the model's parameters (prefill and every decoded token, by
+``bench.ttft_study.analysis.request_flops``), and no batch can finish faster than
+``FLOPs / peak``: so the batched/serial ratio is at most ``serial time / (FLOPs / peak)``,
+one over the serial run's share of the peak. A target above that ceiling (5x was the
+guess) cannot be met on this machine by batching alone.
 
 ``--block-sizes`` also times the batched workload at each KV block size, one in-process
 engine per size in this process, the sizes alternating: the throughput side of the block
@@ -35,7 +36,7 @@ setup()
 
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.engine import GenerationRequest, load_engine, resolve_model  # noqa: E402
-from bench.ttft_study.analysis import batched_ceiling  # noqa: E402
+from bench.ttft_study.analysis import batched_ceiling, request_flops  # noqa: E402
 from promptdistill.ttft.hardware import ModelFlops, measure_matmul_peak  # noqa: E402
 
 TARGET_RATIO = 5.0
@@ -73,7 +74,7 @@ def run_side(engine, requests, *, batched: bool, flops: ModelFlops | None = None
     wall_s = time.perf_counter() - start
     # Only what was computed: requests of one spec share its static prefix, served from the
     # prefix cache after the first (counting it again put the batch above the matmul peak).
-    work = sum(flops.request_flops(r.prompt_tokens, r.completion_tokens, r.cached_tokens) for r in results) \
+    work = sum(request_flops(flops, r.prompt_tokens, r.completion_tokens, r.cached_tokens) for r in results) \
         if flops else None
     return {
         "gflop": round(work / 1e9, 1) if work else None,

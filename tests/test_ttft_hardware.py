@@ -1,12 +1,11 @@
-"""The hardware's limit: the matmul probe, the model's arithmetic and the contention
-accounting the profiler records (no engine). The study's tables built from them are in
+"""The hardware's limit: the matmul probe, the model's shape and the contention accounting
+the profiler records (no engine). The FLOPs and the study's tables built from them are in
 test_ttft_study.py."""
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -14,7 +13,6 @@ from promptdistill.ttft.hardware import (
     ModelFlops,
     foreign_cpu_share,
     machine_busy_s,
-    measure_matmul_peak,
     process_tree_cpu_s,
 )
 
@@ -29,23 +27,6 @@ def test_model_flops_count_the_parameters_of_smollm2():
     assert m.matmul_params == 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536) == 106_168_320
     assert m.total_params == m.matmul_params + 49152 * 576 == 134_479_872  # "135M": tied embeddings
     assert m.attn_width == 576 and m.layers == 30
-
-
-def test_prefill_and_decode_flops():
-    m = ModelFlops.from_config(SMOLLM2)
-    head = 2 * 49152 * 576
-    assert m.prefill_flops(1) == pytest.approx(2 * m.matmul_params + 2 * 30 * 576 + head)
-    # Attention grows with the square of the new tokens and linearly with the cached ones.
-    n, c = 1000, 512
-    assert m.prefill_flops(n, c) - m.prefill_flops(n) == pytest.approx(2 * 30 * 576 * 2 * n * c)
-    assert m.prefill_flops(np.array([128, 2048])).shape == (2,)
-    per_token = m.prefill_flops(2048) / 2048
-    assert 2 * m.matmul_params < per_token < 1.4 * 2 * m.matmul_params  # attention adds under 40% at 2048
-    assert m.request_flops(100, 3) == pytest.approx(m.prefill_flops(100) + m.decode_flops(101) + m.decode_flops(102))
-    # A cached prefix is not computed again: only the rest of the prompt, over its whole context.
-    assert m.request_flops(100, 3, cached_tokens=64) == pytest.approx(
-        m.prefill_flops(36, 64) + m.decode_flops(101) + m.decode_flops(102))
-    assert m.request_flops(100, 3, cached_tokens=64) < m.request_flops(100, 3)
     assert ModelFlops.from_columns(pd.Series(m.columns())) == m
     assert ModelFlops.from_columns(pd.Series({"model_layers": 3})) is None
 

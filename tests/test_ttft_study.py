@@ -1,8 +1,8 @@
 """The TTFT study (``bench/ttft_study``) on synthetic measurement frames: coefficients with
-bootstrap intervals, the density question, the few-shot table, the queue, throughput
-against the matmul peak, the batching ceiling, the target, and the bench command that
-regenerates ``docs/ttft/``; and that the nightly never loads the study. The product's fit,
-noise floor and hardware are tested in test_ttft_models.py and test_ttft_hardware.py.
+bootstrap intervals, the density question, the few-shot table, the queue, the FLOPs and
+throughput against the matmul peak, the batching ceiling, the target, and the bench command
+that regenerates ``docs/ttft/``; and that the nightly never loads the study. The product's
+fit, noise floor and hardware are tested in test_ttft_models.py and test_ttft_hardware.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_ttft_hardware import SMOLLM2  # tests/ is on sys.path (see fakes imports)
@@ -26,10 +27,13 @@ if str(ROOT) not in sys.path:
 from bench.ttft_study.analysis import (
     batched_ceiling,
     bootstrap_coefficients,
+    decode_flops,
     density_effect,
     fewshot_table,
+    prefill_flops,
     prefill_throughput,
     queue_table,
+    request_flops,
 )
 from bench.ttft_study.report import target_verdict
 from promptdistill.ttft import check_frame, fit_models
@@ -83,6 +87,23 @@ def test_target_is_five_percent_or_close_to_a_floor_above_it():
     assert not target_verdict(0.08, 0.058)["met"]
 
 
+def test_prefill_and_decode_flops():
+    m = ModelFlops.from_config(SMOLLM2)
+    head = 2 * 49152 * 576
+    assert prefill_flops(m, 1) == pytest.approx(2 * m.matmul_params + 2 * 30 * 576 + head)
+    # Attention grows with the square of the new tokens and linearly with the cached ones.
+    n, c = 1000, 512
+    assert prefill_flops(m, n, c) - prefill_flops(m, n) == pytest.approx(2 * 30 * 576 * 2 * n * c)
+    assert prefill_flops(m, np.array([128, 2048])).shape == (2,)
+    per_token = prefill_flops(m, 2048) / 2048
+    assert 2 * m.matmul_params < per_token < 1.4 * 2 * m.matmul_params  # attention adds under 40% at 2048
+    assert request_flops(m, 100, 3) == pytest.approx(prefill_flops(m, 100) + decode_flops(m, 101) + decode_flops(m, 102))
+    # A cached prefix is not computed again: only the rest of the prompt, over its whole context.
+    assert request_flops(m, 100, 3, cached_tokens=64) == pytest.approx(
+        prefill_flops(m, 36, 64) + decode_flops(m, 101) + decode_flops(m, 102))
+    assert request_flops(m, 100, 3, cached_tokens=64) < request_flops(m, 100, 3)
+
+
 def test_batched_ceiling_is_one_over_the_serial_share_of_peak():
     c = batched_ceiling(serial_wall_s=10.0, total_flops=400e9, peak_gflops=200.0)
     assert c["compute_floor_s"] == pytest.approx(2.0)
@@ -94,7 +115,7 @@ def _ladder_rows(peak: float = 200.0) -> pd.DataFrame:
     m = ModelFlops.from_config(SMOLLM2)
     rows = []
     for tokens, share in ((128, 0.3), (512, 0.6), (2000, 0.7)):
-        seconds = m.prefill_flops(tokens) / (share * peak * 1e9)
+        seconds = prefill_flops(m, tokens) / (share * peak * 1e9)
         for r, wobble in enumerate((0.98, 1.0, 1.02)):
             rows.append({"prompt_id": f"l{tokens}", "uncached_tokens": tokens, "cached_tokens": 0, "batch_size": 1,
                          "ttft_ms": seconds * 1000 * wobble, "hw_matmul_gflops": peak, **m.columns()})

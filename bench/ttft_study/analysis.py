@@ -3,6 +3,16 @@ density moves TTFT once tokens are accounted for, the few-shot table, prefill th
 against the hardware's matmul peak (and the ceiling it sets on batching), and what
 requests sent together wait for.
 
+FLOPs are counted from the model's shape (``hardware.ModelFlops``, recorded with every
+profile):
+
+* linear layers: ``2 x matmul_params`` per token (one multiply and one add per weight);
+  the embedding lookup does no arithmetic, and the LM head runs only for the token being
+  sampled (vLLM computes logits for the last prompt token only);
+* attention: for a token at position ``i``, ``QK^T`` and ``AV`` cost ``2 x 2 x i x width``
+  per layer, so a causal prefill of ``n`` new tokens after ``c`` cached ones costs
+  ``2 x layers x width x (n^2 + 2nc)`` (up to terms linear in ``n``).
+
 Uncertainty comes from a grouped bootstrap: prompts are resampled with replacement
 (all repeats of a drawn prompt come along), the linear model is refitted on each
 resample, and the 2.5th/97.5th percentiles of each coefficient form its 95% interval.
@@ -34,10 +44,13 @@ __all__ = [
     "LADDER_SIZES",
     "batched_ceiling",
     "bootstrap_coefficients",
+    "decode_flops",
     "density_effect",
     "fewshot_table",
+    "prefill_flops",
     "prefill_throughput",
     "queue_table",
+    "request_flops",
     "term_names",
     "token_only_residuals",
 ]
@@ -226,6 +239,30 @@ LADDER_SIZES = (128, 256, 512, 1024, 2048)
 """Prompt sizes the throughput table reports (the ladder design measures them exactly)."""
 
 
+def prefill_flops(model: ModelFlops, new_tokens: Any, cached_tokens: Any = 0) -> Any:
+    """FLOPs of a prefill of ``new_tokens`` after ``cached_tokens`` (arrays work too)."""
+    n, c = new_tokens, cached_tokens
+    linear = 2.0 * model.matmul_params * n
+    attention = 2.0 * model.layers * model.attn_width * (n * n + 2 * n * c)
+    head = 2.0 * model.vocab * model.hidden  # logits of the last token only
+    return linear + attention + head
+
+
+def decode_flops(model: ModelFlops, context_tokens: Any) -> Any:
+    """FLOPs of one decoded token over ``context_tokens`` of context."""
+    return 2.0 * model.matmul_params + 4.0 * model.layers * model.attn_width * context_tokens + 2.0 * model.vocab * model.hidden
+
+
+def request_flops(model: ModelFlops, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+    """A whole request: prefill of the tokens the prefix cache did not hold (each over its
+    causal context), then each generated token after the first over its context."""
+    cached = min(max(0, cached_tokens), prompt_tokens)
+    total = float(prefill_flops(model, prompt_tokens - cached, cached))
+    for i in range(1, max(0, completion_tokens)):
+        total += float(decode_flops(model, prompt_tokens + i))
+    return total
+
+
 def _alone_cold(df: pd.DataFrame) -> pd.DataFrame:
     rows = df[df["cached_tokens"] == 0]
     if "batch_size" in rows.columns:
@@ -269,7 +306,7 @@ def prefill_throughput(df: pd.DataFrame, *, sizes: tuple[int, ...] = LADDER_SIZE
         n = sel["uncached_tokens"].to_numpy(dtype=np.float64)
         t = sel["ttft_ms"].to_numpy(dtype=np.float64) / 1000.0
         tps = n / t
-        gflops = (flops.prefill_flops(n) / t / 1e9) if flops else np.full(len(t), np.nan)
+        gflops = (prefill_flops(flops, n) / t / 1e9) if flops else np.full(len(t), np.nan)
         share = gflops / peak
         row = {"tokens": size, "tokens_measured": float(np.median(n)), "n": int(len(sel)),
                "prompts": int(sel["prompt_id"].nunique()), "ttft_ms": float(np.median(t) * 1000)}

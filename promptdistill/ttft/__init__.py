@@ -5,7 +5,7 @@
 * :mod:`~promptdistill.ttft.profile` (with :mod:`~promptdistill.ttft.measure` and
   :mod:`~promptdistill.ttft.engine_info`): measuring them on the real engine, in-process
   or through a server, to Parquet, with the engine's cache block and chunk sizes;
-* :mod:`~promptdistill.ttft.hardware`: the machine's matmul peak and the model's FLOPs;
+* :mod:`~promptdistill.ttft.hardware`: the machine's matmul peak and the model's shape;
 * :mod:`~promptdistill.ttft.noise`: the noise floor of repeated measurements;
 * :mod:`~promptdistill.ttft.estimators` and :mod:`~promptdistill.ttft.fit`: the engine
   mechanics, the regressors, and model selection by grouped cross-validation;

@@ -1,25 +1,19 @@
-"""The hardware's limit: measured dense matmul throughput and the model's FLOPs per token.
+"""The hardware's limit: measured dense matmul throughput and the model's shape.
 
-A TTFT model says how long prefill takes; this module says how long it *could* take.
-``measure_matmul_peak`` times square float32 matrix products in the calling process (so a
+A TTFT model says how long prefill takes; what this module records says how long it
+*could* take. ``measure_matmul_peak`` times square float32 matrix products in the calling process (so a
 benchmark measures the ceiling under the same conditions as its workload) with each dense
 kernel torch offers, and keeps the fastest: the BLAS behind ``torch.matmul`` (MKL, which on
 AMD CPUs takes a slower code path: about half of what the machine can do) and oneDNN
 (``mkldnn``), the library vLLM's CPU build runs its linear layers on.
-``ModelFlops`` counts the floating-point work of a decoder-only transformer from its
-``config.json``:
-
-* linear layers: ``2 x matmul_params`` per token (one multiply and one add per weight);
-  the embedding lookup does no arithmetic, and the LM head runs only for the token being
-  sampled (vLLM computes logits for the last prompt token only);
-* attention: for a token at position ``i``, ``QK^T`` and ``AV`` cost ``2 x 2 x i x width``
-  per layer, so a causal prefill of ``n`` new tokens after ``c`` cached ones costs
-  ``2 x layers x width x (n^2 + 2nc)`` (up to terms linear in ``n``).
+``ModelFlops`` reads a decoder-only transformer's shape from its ``config.json``: layers,
+attention width, the weights of its linear layers, vocabulary.
 
 The profiler records both beside every measurement (``hw_*``, ``model_*`` columns); the
-TTFT study (``bench/ttft_study/analysis.py``) sets prefill throughput against them as
-``flops / ttft / peak``: how far the engine is from what this machine's arithmetic allows.
-The rest of this module tells whether the machine is quiet enough to measure on.
+TTFT study (``bench/ttft_study/analysis.py``) counts the FLOPs from the shape and sets
+prefill throughput against the peak as ``flops / ttft / peak``: how far the engine is
+from what this machine's arithmetic allows. The rest of this module tells whether the
+machine is quiet enough to measure on.
 """
 
 from __future__ import annotations
@@ -160,7 +154,8 @@ def _best_rate(torch: Any, kernel: Callable[[], Any], n: int, threads: int, min_
 
 @dataclass(frozen=True)
 class ModelFlops:
-    """The floating-point work of a decoder-only transformer (see the module docstring)."""
+    """The shape of a decoder-only transformer its FLOPs are counted from (by the study:
+    ``bench/ttft_study/analysis.py``)."""
 
     layers: int
     hidden: int
@@ -201,27 +196,6 @@ class ModelFlops:
     def columns(self) -> dict[str, int]:
         """The figures as profile-row columns (``model_*``)."""
         return {f"model_{k}": v for k, v in asdict(self).items()}
-
-    def prefill_flops(self, new_tokens: Any, cached_tokens: Any = 0) -> Any:
-        """FLOPs of a prefill of ``new_tokens`` after ``cached_tokens`` (arrays work too)."""
-        n, c = new_tokens, cached_tokens
-        linear = 2.0 * self.matmul_params * n
-        attention = 2.0 * self.layers * self.attn_width * (n * n + 2 * n * c)
-        head = 2.0 * self.vocab * self.hidden  # logits of the last token only
-        return linear + attention + head
-
-    def decode_flops(self, context_tokens: Any) -> Any:
-        """FLOPs of one decoded token over ``context_tokens`` of context."""
-        return 2.0 * self.matmul_params + 4.0 * self.layers * self.attn_width * context_tokens + 2.0 * self.vocab * self.hidden
-
-    def request_flops(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
-        """A whole request: prefill of the tokens the prefix cache did not hold (each over its
-        causal context), then each generated token after the first over its context."""
-        cached = min(max(0, cached_tokens), prompt_tokens)
-        total = float(self.prefill_flops(prompt_tokens - cached, cached))
-        for i in range(1, max(0, completion_tokens)):
-            total += float(self.decode_flops(prompt_tokens + i))
-        return total
 
 
 # --- is the machine quiet? ---------------------------------------------------------------------
