@@ -535,7 +535,7 @@ def test_a_deployed_night_races_exactly_once():
 
     import yaml
 
-    from promptdistill.cli.init import PREFECT
+    from promptdistill.cli.init import project_files
     from promptdistill.flows.nightly import nightly
     from promptdistill.flows.optimize_prompt import optimize_prompt
 
@@ -544,7 +544,7 @@ def test_a_deployed_night_races_exactly_once():
         return 1 + int(distill is not None and distill.race)  # the optimizer always races
 
     flows = {"nightly": nightly, "optimize-prompt": optimize_prompt}
-    for source in (Path("prefect.yaml").read_text(), PREFECT.format(name='"p"')):
+    for source in (Path("prefect.yaml").read_text(), project_files(Path("p"))[Path("p/prefect.yaml")]):
         for deployment in yaml.safe_load(source)["deployments"]:
             if deployment["name"] not in flows:
                 continue

@@ -15,121 +15,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib import resources
 from pathlib import Path
 
 from promptdistill.core.errors import ConfigError
 
-__all__ = ["register"]
+__all__ = ["project_files", "register"]
 
-CONFIG = """\
-# promptdistill's settings for this project (every key has a default; see promptdistill's README).
-[engine]
-backend = "local"            # "local": in-process vLLM; "server": OpenAI-compatible server(s)
-model = "embedded"           # "embedded" (SmolLM2-135M-Instruct) or an HF folder / hub name
-# server_urls = ["http://127.0.0.1:8000/v1"]
-# served_model_name = "my-model"
+# The project's files, as init writes them (``{name}`` in prefect.yaml: the folder's name),
+# in the order it writes and reports them.
+PROJECT = resources.files("promptdistill.cli").joinpath("project")
+FILES = ("promptdistill.toml", "prefect.yaml", "prompts/README.md", "datasets/README.md")
 
-# A judge at least as capable as the model it judges (LLM-as-a-Judge). Without this
-# section the task engine judges itself.
-# [judge]
-# backend = "server"
-# server_urls = ["http://127.0.0.1:8001/v1"]
-# served_model_name = "my-judge"
 
-[paths]
-state_dir = ".promptdistill"
-registry = "artifacts/registry"   # or s3://bucket/prompts
-judges = "judges"                 # only to override the built-in judges
-"""
-
-PREFECT = """\
-# Prefect deployments of promptdistill's flows, run from this project folder.
-#
-#   prefect work-pool create promptdistill-local --type process   # once
-#   prefect deploy --all
-#   prefect worker start --pool promptdistill-local
-#   prefect deployment run 'nightly/nightly'
-#
-# The flows ship with the installed package (module entrypoints); the worker runs them in
-# this folder (the pull step), where prompts/, datasets/ and promptdistill.toml are.
-name: {name}
-prefect-version: 3.7.7
-
-build: null
-push: null
-
-pull:
-  - prefect.deployments.steps.set_working_directory:
-      directory: "{{{{ $PWD }}}}"
-
-definitions:
-  work_pools:
-    local: &local_pool
-      name: promptdistill-local
-      work_queue_name: default
-      job_variables: {{}}
-
-deployments:
-  - name: nightly
-    entrypoint: promptdistill.flows.nightly.nightly
-    tags: [promptdistill, nightly]
-    schedules:
-      - cron: "0 2 * * *"
-        timezone: UTC
-        active: true
-    concurrency_limit: 1
-    parameters:
-      preset: full
-      allow_promotion: true
-    work_pool: *local_pool
-
-  - name: optimize-prompt
-    entrypoint: promptdistill.flows.optimize_prompt.optimize_prompt
-    tags: [promptdistill, ad-hoc]
-    parameters:
-      allow_promotion: false
-    work_pool: *local_pool
-
-  - name: profile-ttft
-    entrypoint: promptdistill.flows.profile_ttft.profile_ttft
-    tags: [promptdistill, ad-hoc]
-    work_pool: *local_pool
-"""
-
-PROMPTS_README = """\
-# Prompts
-
-One YAML spec per production prompt template: `NAME.yaml` (the file's stem is the name).
-Every key, with its type, default and an example, the metric kinds and the dataset record
-format: `docs/specs.md` in promptdistill's repository. The smallest spec:
-
-```yaml
-name: NAME
-description: What the prompt is for.
-dataset: NAME.jsonl                 # in ../datasets/
-inputs: {text: What a request supplies.}
-template:
-  system: {instruction: The instruction the prompt gives (static: served from the prefix cache).}
-  user: "Text: {text}"
-output: {schema: {type: object, properties: {answer: {type: string}}, required: [answer]}, max_tokens: 64}
-metric: {kind: exact, field: answer}     # or {kind: python, function: "metrics.mine:score"}
-slo: {max_quality_drop: 0.05}
-```
-
-`promptdistill spec validate` checks every spec with its dataset; `promptdistill plan NAME`
-says how many records a certified decision needs.
-"""
-
-DATASETS_README = """\
-# Datasets
-
-One JSON record a line: `{"id": ..., "split": "train"|"dev"|"test", "inputs": {...}, "expected": ...}`.
-`expected` is optional: a record without it is scored against the current prompt's own
-reply (label-free). `meta` (free-form) and `reference` (scoring data for python metrics and
-judges, never put into the prompt) are optional too; the whole format is in `docs/specs.md`
-in promptdistill's repository. Import production traffic with
-`promptdistill datasets import requests.jsonl --spec NAME --map text=request_text`.
-"""
+def project_files(root: Path) -> dict[Path, str]:
+    """Each file init writes under ``root``, with its text."""
+    name = _yaml_string(root.resolve().name or "promptdistill")
+    return {root / rel: PROJECT.joinpath(rel).read_text(encoding="utf-8").replace("{name}", name) for rel in FILES}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -141,13 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _init(args: argparse.Namespace) -> int:
     root = Path(args.folder)
-    name = root.resolve().name or "promptdistill"
-    files = {
-        root / "promptdistill.toml": CONFIG,
-        root / "prefect.yaml": PREFECT.format(name=_yaml_string(name)),
-        root / "prompts" / "README.md": PROMPTS_README,
-        root / "datasets" / "README.md": DATASETS_README,
-    }
+    files = project_files(root)
     try:
         _check_paths(root, files)
     except OSError as e:  # a folder that cannot be looked into
