@@ -35,6 +35,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from promptdistill.core.display import text_table
 from promptdistill.core.errors import ConfigError, IntegrityError, PromptDistillError, RegistryError
 from promptdistill.core.jsonio import TextFileError, read_text
 
@@ -163,12 +164,6 @@ def _registry(args: argparse.Namespace):
         raise ConfigError(f"{where}: {e}") from None
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
-    return "\n".join(lines)
-
-
 def _labels_text(labels: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
 
@@ -189,7 +184,7 @@ def _list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no templates in {reg.root}")
         return 0
-    print(_table(rows, ["NAME", "VERSIONS", "LATEST", "LABELS"]))
+    print(text_table(["NAME", "VERSIONS", "LATEST", "LABELS"], rows))
     for line in broken:
         print(line, file=sys.stderr)
     if broken:
@@ -246,7 +241,7 @@ def _show(args: argparse.Namespace) -> int:
         flat = _flatten(values)
         if flat:
             print(f"\n[{title}]")
-            print(_table([[k, _fmt(v)] for k, v in flat.items()], ["KEY", "VALUE"]))
+            print(text_table(["KEY", "VALUE"], [[k, _fmt(v)] for k, v in flat.items()]))
     return 0
 
 
@@ -290,7 +285,7 @@ def _diff(args: argparse.Namespace) -> int:
             numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
             rows.append([k, _fmt(va), _fmt(vb), f"{vb - va:+.4g}" if numeric else ""])
         print()
-        print(_table(rows, ["METRIC", a.ref, b.ref, "DELTA"]))
+        print(text_table(["METRIC", a.ref, b.ref, "DELTA"], rows))
     return 0
 
 
@@ -331,7 +326,7 @@ def _history(args: argparse.Namespace) -> int:
             rows.append([str(e.seq), e.at, label, f"{_fmt(frm)} -> {to}", e.action, e.actor, e.reason])
         before = e.labels
     rows += [[str(seq), "-", "-", "-", "CORRUPT", "-", "see below"] for seq in corrupt]
-    print(_table(rows, ["SEQ", "AT", "LABEL", "MOVE", "ACTION", "ACTOR", "REASON"]))
+    print(text_table(["SEQ", "AT", "LABEL", "MOVE", "ACTION", "ACTOR", "REASON"], rows))
     if scan.corrupt:
         for seq in sorted(scan.corrupt):
             print(f"IntegrityError: {scan.corrupt[seq]}", file=sys.stderr)
@@ -432,7 +427,7 @@ def _print_sync(report) -> int:
         rows += [[name, i.item, i.action, i.detail] for i in items
                  if not (i.action == "unchanged" and i.item.startswith("v"))]
     if rows:
-        print(_table(rows, ["NAME", "ITEM", "ACTION", "DETAIL"]))
+        print(text_table(["NAME", "ITEM", "ACTION", "DETAIL"], rows))
     counts = ", ".join(f"{report.count(a)} {a}" for a in ("registered", "set", "moved", "deleted", "unchanged",
                                                            "skipped"))
     print(f"MLflow {report.tracking_uri}: {counts}")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["format_number"]
+__all__ = ["format_number", "text_table"]
 
 
 def format_number(value: Any, spec: str = ".0f") -> str:
@@ -19,3 +19,14 @@ def format_number(value: Any, spec: str = ".0f") -> str:
     if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):
         return "-"
     return format(value, spec)
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, rule: bool = False) -> str:
+    """A plain-text table: columns as wide as their widest cell, two spaces apart, no
+    trailing spaces; ``rule`` draws a line of dashes under the header."""
+    cells = [[str(c) for c in row] for row in (header, *rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    if rule:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

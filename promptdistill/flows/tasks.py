@@ -244,7 +244,8 @@ def record_spec(result: dict[str, Any], row: dict[str, Any], registry_root: str,
     if ttft.get("engine_key") and ttft.get("version"):
         plots["TTFT model: predicted vs measured (held-out prompts)"] = ttft_figure(
             registry, ttft["engine_key"], ttft["version"], "pred_vs_measured", folder)
-    create_markdown_artifact(markdown=spec_report_markdown(row, plots=plots, links={"candidate log": log_url}),
+    create_markdown_artifact(markdown=spec_report_markdown(row, kind=result["ttft_kind"], plots=plots,
+                                                           links={"candidate log": log_url}),
                              key=artifact_key(name, "report"), description=f"{name}: baseline vs winner")
 
 

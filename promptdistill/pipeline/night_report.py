@@ -17,7 +17,6 @@ so the page opens offline. It is stored beside the run logs (``runs/<run_id>/rep
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import re
@@ -32,7 +31,14 @@ import pandas as pd
 from promptdistill.core.display import format_number as _n
 from promptdistill.core.errors import PromptDistillError, RegistryError
 from promptdistill.core.jsonio import json_records
-from promptdistill.pipeline.report import format_ci, format_ttft, format_ttft_diff, version_label
+from promptdistill.pipeline.report import (
+    comparison_rows,
+    done_line,
+    format_ttft,
+    format_ttft_diff,
+    png_data_uri,
+    version_label,
+)
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
 from promptdistill.specs.datasets import dataset_for
@@ -179,8 +185,7 @@ def _e(value: Any) -> str:
 def _img(data: bytes | None, alt: str, kind: str) -> str:
     if not data:
         return f'<p class="muted">{_e(alt)}: not available</p>'
-    uri = "data:image/png;base64," + base64.b64encode(data).decode()
-    return f'<figure class="plot" data-plot="{kind}"><img src="{uri}" alt="{_e(alt)}"><figcaption>{_e(alt)}</figcaption></figure>'
+    return f'<figure class="plot" data-plot="{kind}"><img src="{png_data_uri(data)}" alt="{_e(alt)}"><figcaption>{_e(alt)}</figcaption></figure>'
 
 
 def _slug(name: str) -> str:
@@ -242,32 +247,10 @@ def _prompt_section(p: Mapping[str, Any], version: str) -> str:
             f"<div class='diff'>{''.join(parts)}</div>")
 
 
-def _ttft_lines(r: Mapping[str, Any], kind: str) -> list[tuple[str, str, str]]:
-    """TTFT per side, cold, warm and ``kind``, measured and predicted, and the static
-    prefix's cached share; a kept baseline's one measurement is not shown twice."""
-    rows = []
-    for label, key in (("cold", "ttft_cold_ms"), ("warm", "ttft_warm_ms"), (kind, "ttft_ms")):
-        predicted = "ttft_ms_predicted" if key == "ttft_ms" else f"{key}_predicted"
-        rows += [(f"TTFT {label}, measured (ms)", _n(r.get(f"{key}_before")), _n(r.get(f"{key}_after"))),
-                 (f"TTFT {label}, predicted (ms)", _n(r.get(f"{predicted}_before")), _n(r.get(f"{predicted}_after")))]
-    rows.append(("static prefix cached when warm", _n(r.get("static_cached_share_before"), ".0%"),
-                 _n(r.get("static_cached_share_after"), ".0%")))
-    if r.get("kept_baseline"):
-        rows = [(k, b, "same prompt (kept)") for k, b, _a in rows]
-    return rows
-
-
 def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     kind = result.get("ttft_kind", "expected")
-    lines = [("quality, 95% CI" + (f" ({_n(r.get('test_n'))} test records)" if r.get("test_n") else ""),
-              format_ci(r.get("quality_before"), r.get("quality_before_low"), r.get("quality_before_high")),
-              format_ci(r.get("quality_after"), r.get("quality_after_low"), r.get("quality_after_high"))),
-             *_ttft_lines(r, kind),
-             ("prompt tokens", _n(r.get("tokens_before")), _n(r.get("tokens_after"))),
-             ("instruction tokens", _n(r.get("instruction_tokens_before")), _n(r.get("instruction_tokens_after"))),
-             ("valid-JSON rate", _n(r.get("valid_json_rate_before"), ".1%"), _n(r.get("valid_json_rate_after"), ".1%"))]
     table = ("<table class='numbers'><tr><th></th><th class='num'>baseline</th><th class='num'>published</th></tr>"
-             + "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(b)}</td><td class='num'>{_e(a)}</td></tr>" for k, b, a in lines)
+             + "".join(f"<tr><td>{_e(k)}</td><td class='num'>{_e(b)}</td><td class='num'>{_e(a)}</td></tr>" for k, b, a in comparison_rows(r, kind))
              + "</table>")
     d = (result.get("winner") or {}).get("decision") or {}
     bounds = ("not raced" if d.get("lower") is None else
@@ -307,9 +290,8 @@ def _spec_section(night: Night, r: Mapping[str, Any]) -> str:
 
 def render_night_report(night: Night) -> str:
     """The page (pure): summary table, then one section per spec."""
-    failed = [r for r in night.rows if r["status"] == "failed"]
     ttft = night.ttft
-    lead = [f"{len(night.rows) - len(failed)} of {len(night.rows)} specs done" + (f", {len(failed)} failed." if failed else ".")]
+    lead = [done_line(night.rows)]
     if ttft:
         lead.append(f"TTFT model: {ttft.get('reason', '')}" + (" (refreshed tonight)" if ttft.get("refreshed") else ""))
     notes = "".join(f"<p class='muted small'>{_e(n)}</p>" for n in night.notes)

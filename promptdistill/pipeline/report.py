@@ -15,11 +15,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from promptdistill.core.display import format_number
+from promptdistill.core.display import format_number, text_table
 
 __all__ = [
     "SUMMARY_COLUMNS",
     "artifact_key",
+    "comparison_rows",
+    "done_line",
     "endpoint_load_rows",
     "failed_row",
     "format_ci",
@@ -27,7 +29,9 @@ __all__ = [
     "format_ttft",
     "format_ttft_diff",
     "image_markdown",
+    "markdown_table",
     "nightly_report_markdown",
+    "png_data_uri",
     "spec_report_markdown",
     "summary_frame",
     "summary_row",
@@ -210,15 +214,61 @@ def _summary_cells(r: Mapping[str, Any]) -> tuple[str, ...]:
 
 def format_summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A plain-text table: template, tokens, TTFT (measured), quality before -> after, version."""
-    header = _SUMMARY_HEADER
-    body = [_summary_cells(r) for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
+    lines = [text_table(_SUMMARY_HEADER, [_summary_cells(r) for r in rows], rule=True)]
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['template']}: FAILED: {r['error']}")
     return "\n".join(lines)
+
+
+def done_line(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``3 of 4 specs done, 1 failed.``: the night's first line, in the markdown and the HTML report."""
+    failed = sum(r["status"] == "failed" for r in rows)
+    return f"{len(rows) - failed} of {len(rows)} specs done" + (f", {failed} failed." if failed else ".")
+
+
+def comparison_rows(r: Mapping[str, Any], kind: str = "expected") -> list[tuple[str, str, str]]:
+    """One spec's figures as (what, baseline, winner) text, for the markdown report and the
+    night report: quality with its 95% CI; TTFT cold, warm and ``kind``, measured and
+    predicted, and the static prefix's cached share (a kept baseline's one measurement is
+    not shown twice); tokens; the valid-JSON rate."""
+    ttft = []
+    for label, key in (("cold", "ttft_cold_ms"), ("warm", "ttft_warm_ms"), (kind, "ttft_ms")):
+        predicted = "ttft_ms_predicted" if key == "ttft_ms" else f"{key}_predicted"
+        ttft += [(f"TTFT {label}, measured (ms)", format_number(r.get(f"{key}_before")),
+                  format_number(r.get(f"{key}_after"))),
+                 (f"TTFT {label}, predicted (ms)", format_number(r.get(f"{predicted}_before")),
+                  format_number(r.get(f"{predicted}_after")))]
+    ttft.append(("static prefix cached when warm", format_number(r.get("static_cached_share_before"), ".0%"),
+                 format_number(r.get("static_cached_share_after"), ".0%")))
+    if r.get("kept_baseline"):
+        ttft = [(k, b, "same prompt (kept)") for k, b, _a in ttft]
+    return [("quality, 95% CI" + (f" ({format_number(r.get('test_n'))} test records)" if r.get("test_n") else ""),
+             format_ci(r.get("quality_before"), r.get("quality_before_low"), r.get("quality_before_high")),
+             format_ci(r.get("quality_after"), r.get("quality_after_low"), r.get("quality_after_high"))),
+            *ttft,
+            ("prompt tokens", format_number(r.get("tokens_before")), format_number(r.get("tokens_after"))),
+            ("instruction tokens", format_number(r.get("instruction_tokens_before")),
+             format_number(r.get("instruction_tokens_after"))),
+            ("valid-JSON rate", format_number(r.get("valid_json_rate_before"), ".1%"),
+             format_number(r.get("valid_json_rate_after"), ".1%"))]
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]], *, right: Sequence[int] = ()) -> list[str]:
+    """A markdown table's lines; the columns numbered in ``right`` are right-aligned (figures)."""
+    rule = "|" + "".join("---:|" if i in right else "---|" for i in range(len(header)))
+    return [f"| {' | '.join(header)} |", rule, *(f"| {' | '.join(row)} |" for row in rows)]
+
+
+def png_data_uri(data: bytes) -> str:
+    """A PNG as a data URI: the reports embed their figures, so they open offline and in the Prefect UI."""
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _plots_markdown(plots: Mapping[str, str | Path | None]) -> list[str]:
+    """A section per plot (None: not made, left out)."""
+    return [line for alt, path in plots.items() if path is not None
+            for line in ("", f"## {alt}", "", image_markdown(path, alt))]
 
 
 def image_markdown(path: str | Path | None, alt: str, *, max_bytes: int = 400_000) -> str:
@@ -231,32 +281,18 @@ def image_markdown(path: str | Path | None, alt: str, *, max_bytes: int = 400_00
     data = p.read_bytes()
     if len(data) > max_bytes:
         return f"{alt}: `{p}` ({len(data) // 1024} KiB)"
-    return f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode()})"
+    return f"![{alt}]({png_data_uri(data)})"
 
 
-def spec_report_markdown(row: Mapping[str, Any], *, plots: Mapping[str, str | Path | None] = {}, links: Mapping[str, str] = {}) -> str:
-    """One spec's report: baseline against winner, the decision, the plots."""
+def spec_report_markdown(row: Mapping[str, Any], *, kind: str = "expected", plots: Mapping[str, str | Path | None] = {},
+                         links: Mapping[str, str] = {}) -> str:
+    """One spec's report: baseline against winner (``kind``: the TTFT the optimizer weighed), the decision, the plots."""
     r = row
     lines = [f"# {r['template']}: baseline vs winner", ""]
     if r["status"] == "failed":
         return "\n".join(lines + [f"**Failed:** {r['error']}"])
     lines += [
-        "| | baseline | winner |",
-        "|---|---:|---:|",
-        f"| prompt tokens | {format_number(r['tokens_before'])} | {format_number(r['tokens_after'])} |",
-        f"| quality (95% CI) | {format_ci(r['quality_before'], r['quality_before_low'], r['quality_before_high'])} "
-        f"| {format_ci(r['quality_after'], r['quality_after_low'], r['quality_after_high'])} |",
-        f"| TTFT measured (ms) | {format_number(r['ttft_ms_before'])} | {format_number(r['ttft_ms_after'])} |",
-        f"| TTFT predicted (ms) | {format_number(r['ttft_ms_predicted_before'])} | {format_number(r['ttft_ms_predicted_after'])} |",
-        f"| TTFT cold, measured / predicted (ms) | {format_number(r['ttft_cold_ms_before'])} / "
-        f"{format_number(r['ttft_cold_ms_predicted_before'])} | {format_number(r['ttft_cold_ms_after'])} / "
-        f"{format_number(r['ttft_cold_ms_predicted_after'])} |",
-        f"| TTFT warm, measured / predicted (ms) | {format_number(r['ttft_warm_ms_before'])} / "
-        f"{format_number(r['ttft_warm_ms_predicted_before'])} | {format_number(r['ttft_warm_ms_after'])} / "
-        f"{format_number(r['ttft_warm_ms_predicted_after'])} |",
-        f"| static prefix cached (warm) | {format_number(r['static_cached_share_before'], '.0%')} "
-        f"| {format_number(r['static_cached_share_after'], '.0%')} |",
-        f"| valid-JSON rate | {format_number(r['valid_json_rate_before'], '.1%')} | {format_number(r['valid_json_rate_after'], '.1%')} |",
+        *markdown_table(("", "baseline", "winner"), comparison_rows(r, kind), right=(1, 2)),
         "",
         f"- measured TTFT difference (winner - baseline): {format_ttft_diff(r)}"
         + (f" ({r['ttft_timing']})" if r["ttft_timing"] else ""),
@@ -265,12 +301,8 @@ def spec_report_markdown(row: Mapping[str, Any], *, plots: Mapping[str, str | Pa
         f"- cost: {format_number(r['lm_calls'])} LM calls, {format_number(r['minutes'], '.1f')} minutes"
         + (" (served from the cache of an earlier run)" if r["cached"] else ""),
     ]
-    for name, url in links.items():
-        lines.append(f"- {name}: `{url}`")
-    for alt, path in plots.items():
-        if path is not None:
-            lines += ["", f"## {alt}", "", image_markdown(path, alt)]
-    return "\n".join(lines)
+    lines += [f"- {name}: `{url}`" for name, url in links.items()]
+    return "\n".join(lines + _plots_markdown(plots))
 
 
 def nightly_report_markdown(
@@ -278,13 +310,11 @@ def nightly_report_markdown(
 ) -> str:
     """The night's report: the summary across specs, what was published, what failed."""
     failed = [r for r in rows if r["status"] == "failed"]
-    lines = [f"# Nightly prompt optimization{f' ({run_id})' if run_id else ''}", ""]
-    lines.append(f"{len(rows) - len(failed)} of {len(rows)} specs done" + (f", {len(failed)} failed." if failed else "."))
+    lines = [f"# Nightly prompt optimization{f' ({run_id})' if run_id else ''}", "", done_line(rows)]
     if ttft:
         refreshed = f" (refreshed: version {ttft['version']})" if ttft.get("refreshed") else ""
         lines.append(f"TTFT model: {ttft.get('reason', '')}{refreshed}")
-    lines += ["", f"| {' | '.join(_SUMMARY_HEADER)} |", "|---" * len(_SUMMARY_HEADER) + "|"]
-    lines += [f"| {' | '.join(_summary_cells(r))} |" for r in rows]
+    lines += ["", *markdown_table(_SUMMARY_HEADER, map(_summary_cells, rows))]
     if failed:
         lines += ["", "## Failed", ""] + [f"- **{r['template']}**: {r['error']}" for r in failed]
     published = [r for r in rows if r["version"] is not None]
@@ -321,16 +351,10 @@ def ttft_report_markdown(model: Any, fit: Any, record: Any, plots: Mapping[str, 
         f"- data: {model.training.get('rows', '-')} measurements, {model.training.get('prompts', '-')} prompts",
         "- held-out: " + (", ".join(f"{k} {v:.3g}" for k, v in held.items()) or "-"),
         "",
-        "| model | chosen | monotonic | CV MAPE | held-out MAPE | held-out R² |",
-        "|---|---|---|---:|---:|---:|",
+        *markdown_table(("model", "chosen", "monotonic", "CV MAPE", "held-out MAPE", "held-out R²"), (
+            (r["model"], "yes" if r["chosen"] else "", "yes" if r["monotonic"] else "no",
+             format_number(r.get("cv_mape"), ".1%"), format_number(r.get("heldout_mape"), ".1%"),
+             format_number(r.get("heldout_r2"), ".3f")) for r in ttft_score_rows(fit)), right=(3, 4, 5)),
     ]
-    for r in ttft_score_rows(fit):
-        lines.append(
-            f"| {r['model']} | {'yes' if r['chosen'] else ''} | {'yes' if r['monotonic'] else 'no'} "
-            f"| {format_number(r.get('cv_mape'), '.1%')} | {format_number(r.get('heldout_mape'), '.1%')} | {format_number(r.get('heldout_r2'), '.3f')} |"
-        )
-    for alt, path in plots.items():
-        if path is not None:
-            lines += ["", f"## {alt}", "", image_markdown(path, alt)]
-    return "\n".join(lines)
+    return "\n".join(lines + _plots_markdown(plots))
 
