@@ -11,9 +11,9 @@ import argparse
 import sys
 from typing import Any
 
-from promptdistill.cli.search_args import add_search_arguments, budget_values
+from promptdistill.cli.search_args import add_search_arguments, budget_values, flag_errors, open_search
 from promptdistill.core.display import format_number
-from promptdistill.core.settings import SettingError, SettingsHelpFormatter, add_setting_options, setting_values
+from promptdistill.core.settings import SettingsHelpFormatter, add_setting_options, setting_values
 
 __all__ = ["register"]
 
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")
     p.add_argument("--no-calibrate", action="store_true", help="skip the judge-vs-metric calibration")
     p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")
-    p.add_argument("--out", help="output folder (default: STATE_DIR/distill/NAME-seedN; `optimize` reads it)")
+    p.add_argument("--out", help="output folder (default: STATE_DIR/distill/NAME-seedS; `optimize` reads it)")
     p.set_defaults(func=_distill)
 
 
@@ -40,26 +40,17 @@ def _config(args: argparse.Namespace) -> Any:
     values = budget_values(args, seed=args.seed, alpha=args.alpha, finalists=args.finalists,
                            **setting_values(args, CONFIG_FLAGS))
     values.update(ablation=not args.no_ablation, rewrite=not args.no_rewrite, calibrate=not args.no_calibrate)
-    try:
+    with flag_errors("distill"):
         return DistillConfig(**values)
-    except SettingError as e:
-        from promptdistill.core.errors import ConfigError
-
-        raise ConfigError(f"distill: {e.field_message}") from None
 
 
 def _distill(args: argparse.Namespace) -> int:
-    from promptdistill.core.config import load_settings
     from promptdistill.pipeline.session import open_engines
     from promptdistill.pipeline.stages import run_distill
-    from promptdistill.specs.load import load_spec
 
-    settings = load_settings(args.config)
-    spec = load_spec(args.name, prompts_dir=args.prompts_dir)
+    settings, spec, out, cache = open_search(args, "distill")
     config = _config(args)
     _log_progress()
-    out = args.out or settings.state_dir / "distill" / f"{spec.name}-seed{config.seed}"
-    cache = None if args.no_cache else settings.state_dir / "lm_cache.sqlite"
     with open_engines(settings) as (engine, judge_engine):
         print(f"distilling {spec.name} on {engine.identity.model} (budget {config.max_lm_calls} LM calls, "
               f"{config.max_minutes:g} min; dev {config.dev_size} (screen {config.screen_size}), "

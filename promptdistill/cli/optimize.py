@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from promptdistill.cli.search_args import add_search_arguments, budget_values
-from promptdistill.core.settings import SettingError, SettingsHelpFormatter, add_setting_options, setting_values
+from promptdistill.cli.search_args import add_search_arguments, budget_values, flag_errors, open_search, stage_folder
+from promptdistill.core.settings import SettingsHelpFormatter, add_setting_options, setting_values
 
 __all__ = ["register"]
 
@@ -36,22 +36,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _budget(args: argparse.Namespace) -> Any:
-    from promptdistill.core.errors import ConfigError
     from promptdistill.optimize import OptimizeBudget, SelectionRule
 
-    try:
+    with flag_errors("optimize"):
         budget = OptimizeBudget(**budget_values(args))
         race = {k: v for k, v in dict(alpha=args.alpha, finalists=args.finalists).items() if v is not None}
         rule = SelectionRule(**race, **setting_values(args, RULE_FLAGS))
-    except SettingError as e:
-        raise ConfigError(f"optimize: {e.field_message}") from None
     return budget, rule
 
 
 def _variants(args: argparse.Namespace, spec: Any, state_dir: Path) -> Any:
     from promptdistill.optimize import variants_from_parquet
 
-    folder = Path(args.distilled) if args.distilled else state_dir / "distill" / f"{spec.name}-seed{args.seed}"
+    folder = Path(args.distilled) if args.distilled else stage_folder(state_dir, "distill", spec.name, args.seed)
     path = folder / "candidates.parquet"
     if path.is_file():
         print(f"instruction variants: the distiller's finalists in {folder}", file=sys.stderr)
@@ -66,21 +63,16 @@ def _variants(args: argparse.Namespace, spec: Any, state_dir: Path) -> Any:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from promptdistill.core.config import load_settings
     from promptdistill.pipeline.publish import CANDIDATE_LABEL, publish_result
     from promptdistill.pipeline.session import open_engines
     from promptdistill.pipeline.stages import run_optimize
     from promptdistill.pipeline.ttft_models import load_ttft_model
     from promptdistill.registry.store import Registry
-    from promptdistill.specs.load import load_spec
 
-    settings = load_settings(args.config)
-    spec = load_spec(args.name, prompts_dir=args.prompts_dir)
+    settings, spec, out, cache = open_search(args, "optimize")
     budget, rule = _budget(args)
     variants = _variants(args, spec, settings.state_dir)
-    out = Path(args.out) if args.out else settings.state_dir / "optimize" / f"{spec.name}-seed{args.seed}"
     registry = Registry(settings.registry)
-    cache = None if args.no_cache else settings.state_dir / "lm_cache.sqlite"
     with open_engines(settings) as (engine, judge_engine):
         model = load_ttft_model(registry, engine.identity)
         print(f"optimizing {spec.name} on {engine.identity.model} (budget {budget.max_lm_calls} LM calls, "

@@ -1,17 +1,22 @@
 """Arguments shared by the commands that search over a spec's prompt (distill, optimize).
 
 Both take a spec, a seed and the same budget flags, and both map those flags onto the
-config fields their searches share, so the flag names and the mapping live here once.
+config fields their searches share, so the flag names and the mapping live here once; so
+do what both then open (settings, spec, output folder, LM cache) and how both refuse a
+flag's value.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
 
-from promptdistill.core.settings import DeclaredHelp
+from promptdistill.core.errors import ConfigError
+from promptdistill.core.settings import DeclaredHelp, SettingError
 
-__all__ = ["add_search_arguments", "budget_values"]
+__all__ = ["add_search_arguments", "budget_values", "flag_errors", "open_search", "stage_folder"]
 
 
 def add_search_arguments(p: argparse.ArgumentParser, *, budget: str, race: str) -> None:
@@ -42,3 +47,30 @@ def budget_values(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     given = {"max_lm_calls": args.budget_calls, "max_minutes": args.budget_minutes, "dev_size": args.dev,
              "test_size": args.test, "screen_size": args.screen, **extra}
     return {k: v for k, v in given.items() if v is not None}
+
+
+@contextmanager
+def flag_errors(command: str) -> Iterator[None]:
+    """A flag's refused value as the ConfigError the CLI exits 2 on: ``COMMAND: field reason``."""
+    try:
+        yield
+    except SettingError as e:
+        raise ConfigError(f"{command}: {e.field_message}") from None
+
+
+def stage_folder(state_dir: str | Path, stage: str, spec: str, seed: int) -> Path:
+    """A command's stage output by default: ``STATE_DIR/STAGE/NAME-seedS`` (``optimize`` reads ``distill``'s)."""
+    return Path(state_dir) / stage / f"{spec}-seed{seed}"
+
+
+def open_search(args: argparse.Namespace, stage: str) -> tuple[Any, Any, Path, Path | None]:
+    """What a search command works on: the settings, the spec, the output folder (``--out``,
+    else :func:`stage_folder`) and the LM result cache (None with ``--no-cache``)."""
+    from promptdistill.core.config import load_settings
+    from promptdistill.pipeline.stages import lm_cache_path
+    from promptdistill.specs.load import load_spec
+
+    settings = load_settings(args.config)
+    spec = load_spec(args.name, prompts_dir=args.prompts_dir)
+    out = Path(args.out) if args.out else stage_folder(settings.state_dir, stage, spec.name, args.seed)
+    return settings, spec, out, None if args.no_cache else lm_cache_path(settings.state_dir)

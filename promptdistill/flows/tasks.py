@@ -203,7 +203,7 @@ def distill_spec(engine_config: EngineConfig, job: SpecJob, config: DistillConfi
     engine = shared_engine(engine_config)
     with engine_slot(engine_config, engine):
         return stages.distill_stage(engine, job, config=config, seed=seed, out_dir=state_dir() / "distill" / key,
-                                    cache_path=state_dir() / "lm_cache.sqlite", judge_engine=judge_engine())
+                                    cache_path=stages.lm_cache_path(state_dir()), judge_engine=judge_engine())
 
 
 @task(name="optimize-spec", **CACHED, **ENGINE_RETRIES)
@@ -215,7 +215,7 @@ def optimize_spec(engine_config: EngineConfig, job: SpecJob, budget: OptimizeBud
     with engine_slot(engine_config, engine):
         return stages.optimize_stage(engine, job, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
                                      distilled=distilled, out_dir=state_dir() / "optimize" / key,
-                                     cache_path=state_dir() / "lm_cache.sqlite", judge_engine=judge_engine())
+                                     cache_path=stages.lm_cache_path(state_dir()), judge_engine=judge_engine())
 
 
 @task(name="publish-template", cache_policy=NO_CACHE)

@@ -39,10 +39,15 @@ from promptdistill.specs.load import load_spec
 from promptdistill.specs.model import Spec
 from promptdistill.ttft.model import TTFTModel
 
-__all__ = ["cached", "candidate_table", "distill_stage", "optimize_stage", "result_figures", "result_plots", "run_distill",
-           "run_optimize"]
+__all__ = ["cached", "candidate_table", "distill_stage", "lm_cache_path", "optimize_stage", "result_figures", "result_plots",
+           "run_distill", "run_optimize"]
 
 logger = logging.getLogger(__name__)
+
+
+def lm_cache_path(state_dir: str | Path) -> Path:
+    """The one LM result cache of a project, which the flows' stages and the commands share."""
+    return Path(state_dir) / "lm_cache.sqlite"
 
 
 @contextmanager
