@@ -37,7 +37,7 @@ from typing import Any
 
 from promptdistill.core.display import text_table
 from promptdistill.core.errors import ConfigError, IntegrityError, PromptDistillError, RegistryError
-from promptdistill.core.jsonio import TextFileError, read_text
+from promptdistill.core.jsonio import TextFileError, read_text, strict_json
 
 __all__ = ["register"]
 
@@ -368,18 +368,13 @@ def _repair(args: argparse.Namespace) -> int:
 
 
 def _read_json(path: str, what: str) -> Any:
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
     try:
         text = read_text(path, max_bytes=_MAX_JSON_BYTES)
     except TextFileError as e:
         raise ConfigError(f"{path}: the {what} file: {e}") from None
     try:
-        return json.loads(text, parse_constant=no_constant)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: the {what} file is not valid JSON: {e}") from None
-    except ValueError as e:
+        return strict_json(text)
+    except ValueError as e:  # malformed, or NaN / Infinity
         raise ConfigError(f"{path}: the {what} file is not valid JSON: {e}") from None
     except RecursionError:
         raise ConfigError(f"{path}: the {what} file is nested too deeply") from None

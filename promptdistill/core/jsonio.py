@@ -11,7 +11,9 @@
 * :func:`atomic_write`: a temporary file in the target's folder, then a rename, so a
   reader never sees half a file and a crash leaves the old one;
 * :func:`read_text`: a file read within a size bound and as UTF-8, or one clear reason
-  (every loader of user files: specs, judges, config, template content).
+  (every loader of user files: specs, judges, config, template content);
+* :func:`strict_json`: JSON text as the standard defines it (Python's ``json`` also takes
+  NaN and Infinity): dataset lines and the files ``templates publish`` reads.
 
 Kept free of heavy imports: the registry client uses it.
 """
@@ -27,7 +29,7 @@ from pathlib import Path, PurePath
 from typing import Any, Callable
 
 __all__ = ["NotJSONError", "TextFileError", "atomic_write", "canonical_json", "json_records", "json_safe", "read_text",
-           "to_json_value", "write_json"]
+           "strict_json", "to_json_value", "write_json"]
 
 
 def canonical_json(value: Any) -> str:
@@ -41,6 +43,20 @@ def canonical_json(value: Any) -> str:
 
 class NotJSONError(ValueError):
     """A value that has no JSON form; the message names the field (``where.key[0]``)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NotJSONError(f"{name} is not JSON (write null for a missing number)")
+
+
+def strict_json(text: str | bytes) -> Any:
+    """``text`` parsed as standard JSON: ``NaN``, ``Infinity`` and ``-Infinity`` are refused.
+
+    Raises:
+        json.JSONDecodeError: malformed text; NotJSONError: ``NaN is not JSON (write null
+            for a missing number)`` (both ValueErrors); RecursionError: nested too deeply to parse.
+    """
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 def _plain(value: Any, where: str, nan_to_none: bool) -> Any:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 import pandas as pd
 
 from promptdistill.core.errors import SpecError, error_listing
-from promptdistill.core.jsonio import atomic_write
+from promptdistill.core.jsonio import NotJSONError, atomic_write, strict_json
 
 if TYPE_CHECKING:  # the spec model imports the checks that load datasets
     from promptdistill.specs.model import Spec
@@ -78,14 +78,6 @@ def _line_errors(rec: Any, declared: Sequence[str] | None) -> list[str]:
     return errors
 
 
-class _NotJSON(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotJSON(f"{name} is not JSON (write null for a missing number)")
-
-
 def _too_deep(value: Any) -> bool:
     """Whether ``value`` nests deeper than MAX_DEPTH (iterative: no recursion limit)."""
     stack = [(value, 1)]
@@ -100,13 +92,13 @@ def _too_deep(value: Any) -> bool:
 
 
 def _load_line(line: str) -> Any:
-    """One line as strict JSON. Raises json.JSONDecodeError or _NotJSON."""
+    """One line as strict JSON. Raises json.JSONDecodeError or NotJSONError."""
     try:
-        value = json.loads(line, parse_constant=_no_constant)
+        value = strict_json(line)
     except RecursionError:
-        raise _NotJSON(f"nested deeper than {MAX_DEPTH} levels") from None
+        raise NotJSONError(f"nested deeper than {MAX_DEPTH} levels") from None
     if _too_deep(value):
-        raise _NotJSON(f"nested deeper than {MAX_DEPTH} levels")
+        raise NotJSONError(f"nested deeper than {MAX_DEPTH} levels")
     return value
 
 
@@ -132,7 +124,7 @@ def _parse(path: Path, declared: Sequence[str] | None) -> tuple[list[dict[str, A
         except json.JSONDecodeError as e:
             errors.append(f"{path}:{n}: malformed JSON: {e.msg} at column {e.colno}")
             continue
-        except _NotJSON as e:
+        except NotJSONError as e:
             errors.append(f"{path}:{n}: malformed JSON: {e}")
             continue
         problems = _line_errors(rec, declared)
