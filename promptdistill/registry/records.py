@@ -82,6 +82,11 @@ def _number(lo: float | None = None, hi: float | None = None, *, lo_open: bool =
     return check
 
 
+def _positive_int(v: Any) -> bool:
+    """A whole number from 1 (a version, a sequence number, max_tokens); ``True`` is not 1 here."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def _integer(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, int):
         return f"must be an integer, got {v!r}"
@@ -131,7 +136,7 @@ def check_label(label: Any) -> str:
 
 def check_version(version: Any) -> int:
     """Return ``version`` if it is a positive int (not a bool), else raise RegistryError."""
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    if not _positive_int(version):
         raise RegistryError(f"invalid version {version!r}: versions are integers from 1")
     return version
 
@@ -257,7 +262,7 @@ def check_content(content: Any, where: str = "content", *, name: str | None = No
     if fmt == "json_schema" and schema is None and schema_from is None:
         raise RegistryError(f"{where}.response_format: 'json_schema' needs an output_schema or a schema_from input")
     max_tokens = content.get("max_tokens")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+    if max_tokens is not None and not _positive_int(max_tokens):
         raise RegistryError(f"{where}.max_tokens: must be a positive integer or None, got {max_tokens!r}")
     sampling = content.get("sampling", {})
     if sampling is None:
@@ -285,6 +290,16 @@ def _load(data: bytes, where: str) -> dict[str, Any]:
         raise IntegrityError(f"{where}: not a record (JSON nested too deeply)") from None
     if not isinstance(value, dict):
         raise IntegrityError(f"{where}: expected a JSON object")
+    return value
+
+
+def _exact_fields(value: dict[str, Any], cls: type, where: str, what: str = "") -> dict[str, Any]:
+    """``value`` when it holds exactly the record class's fields, else IntegrityError naming
+    the missing or unexpected ones (``what`` ends the message: `` (not a label event)``)."""
+    names = set(cls.__dataclass_fields__)
+    for problem, keys in (("missing", names - set(value)), ("unexpected", set(value) - names)):
+        if keys:
+            raise IntegrityError(f"{where}: {problem} field(s) {sorted(keys)}{what}")
     return value
 
 
@@ -353,14 +368,7 @@ class VersionRecord:
 
     @classmethod
     def _from_bytes(cls, data: bytes, *, where: str, name: str, version: int) -> "VersionRecord":
-        value = _load(data, where)
-        names = {f for f in cls.__dataclass_fields__}
-        missing = sorted(names - set(value))
-        if missing:
-            raise IntegrityError(f"{where}: missing field(s) {missing}")
-        extra = sorted(set(value) - names)
-        if extra:
-            raise IntegrityError(f"{where}: unexpected field(s) {extra}")
+        value = _exact_fields(_load(data, where), cls, where)
         _check_stored_version(value["version"], where)
         if value["name"] != name or value["version"] != version:
             raise IntegrityError(f"{where}: holds {value['name']!r}:{value['version']!r}, expected {name}:{version}")
@@ -410,30 +418,20 @@ class LabelEvent:
             IntegrityError: naming the file and the field (a wrong type, an unknown label,
                 a number that is not the file's, a map that disagrees with the move).
         """
-        value = _load(data, where)
-        names = set(cls.__dataclass_fields__)
-        missing = sorted(names - set(value))
-        if missing:
-            raise IntegrityError(f"{where}: missing field(s) {missing} (not a label event)")
-        extra = sorted(set(value) - names)
-        if extra:
-            raise IntegrityError(f"{where}: unexpected field(s) {extra} (not a label event)")
+        value = _exact_fields(_load(data, where), cls, where, " (not a label event)")
 
         def bad(key: str, reason: str) -> IntegrityError:
             return IntegrityError(f"{where}: {key}: {reason}")
 
-        def version(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-        if not version(value["seq"]):
+        if not _positive_int(value["seq"]):
             raise bad("seq", f"must be a positive integer, got {value['seq']!r}")
         if seq is not None and value["seq"] != seq:
             raise bad("seq", f"is {value['seq']}, but the file is event {seq}")
         if not isinstance(value["label"], str) or not _LABEL.fullmatch(value["label"]):
             raise bad("label", f"not a valid label: {value['label']!r}")
-        if value["from_version"] is not None and not version(value["from_version"]):
+        if value["from_version"] is not None and not _positive_int(value["from_version"]):
             raise bad("from_version", f"must be a positive integer or null, got {value['from_version']!r}")
-        if not version(value["to_version"]):
+        if not _positive_int(value["to_version"]):
             raise bad("to_version", f"must be a positive integer, got {value['to_version']!r}")
         if value["action"] not in _ACTIONS:
             raise bad("action", f"must be one of {_ACTIONS}, got {value['action']!r}")
@@ -444,7 +442,7 @@ class LabelEvent:
         if not isinstance(labels, dict):
             raise bad("labels", f"must be an object of label -> version, got {labels!r}")
         for k, v in labels.items():
-            if not _LABEL.fullmatch(k) or not version(v):
+            if not _LABEL.fullmatch(k) or not _positive_int(v):
                 raise bad(f"labels.{k}", f"must map a valid label to a positive integer, got {v!r}")
         if labels.get(value["label"]) != value["to_version"]:
             raise bad("labels", f"says {value['label']}={labels.get(value['label'])!r}, but the event moves it to "
