@@ -27,24 +27,15 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
 
-from promptdistill.core.config import load_settings
-from promptdistill.core.env import apply_defaults
 from promptdistill.distill.loop import DistillConfig
 from promptdistill.flows.dask_runner import dask_task_runner
-from promptdistill.flows.tasks import ensure_ttft_model, report_night, run_spec
+from promptdistill.flows.tasks import ensure_ttft_model, report_night, run_spec, spec_arguments, start_run
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
 from promptdistill.pipeline.events import step_events
-from promptdistill.pipeline.jobs import (
-    SpecsFailedError,
-    dask_worker_count,
-    parallel_specs,
-    run_id_for,
-    select_spec_files,
-)
+from promptdistill.pipeline.jobs import SpecsFailedError, dask_worker_count, parallel_specs, select_spec_files
 from promptdistill.pipeline.report import endpoint_load_rows, format_summary_table
 from promptdistill.pipeline.session import engine_session
 from promptdistill.pipeline.ttft_models import TTFTFreshness
@@ -110,19 +101,14 @@ def nightly(
         wall time, TTFT refresh and report excluded); the run is Failed if any spec failed.
     """
     logger = get_run_logger()
-    apply_defaults()
-    settings = load_settings()
+    settings, run_id = start_run()
     stages = stage_settings(preset, budget=budget, selection=selection, distill=distill, ttft_budget=ttft_budget,
                             distill_instructions=distill_instructions)
-    budget, selection, distill, ttft_budget = (stages[k] for k in ("budget", "selection", "distill", "ttft_budget"))
-    run_id = run_id_for(flow_run.get_id())
     paths = select_spec_files(prompts_dir, specs)
     with engine_session(settings.engine) as engine:
         ttft = ensure_ttft_model(settings.engine, engine, registry_root=settings.registry, max_age_hours=ttft_max_age_hours,
-                                 budget=ttft_budget, prompts_dir=prompts_dir, seed=seed, run_id=run_id)
-        common = dict(engine_config=settings.engine, engine_key=engine.identity.key(), budget=budget, selection=selection,
-                      distill=distill, seed=seed, ttft_version=ttft.get("model_version"), registry_root=settings.registry,
-                      allow_promotion=allow_promotion, run_id=run_id)
+                                 budget=stages["ttft_budget"], prompts_dir=prompts_dir, seed=seed, run_id=run_id)
+        common = spec_arguments(settings, engine, stages, ttft, seed=seed, allow_promotion=allow_promotion, run_id=run_id)
         load_before, started = _endpoint_load(engine), time.monotonic()
         if dask:
             # The specs' progress events stay in the Dask worker processes: the CLI's display does not see them.

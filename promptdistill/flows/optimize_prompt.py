@@ -10,16 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
 
-from promptdistill.core.config import load_settings
-from promptdistill.core.env import apply_defaults
 from promptdistill.distill.loop import DistillConfig
-from promptdistill.flows.tasks import ensure_ttft_model, run_spec
+from promptdistill.flows.tasks import ensure_ttft_model, run_spec, spec_arguments, start_run
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
-from promptdistill.pipeline.jobs import SpecsFailedError, run_id_for, select_spec_files
+from promptdistill.pipeline.jobs import SpecsFailedError, select_spec_files
 from promptdistill.pipeline.report import format_summary_table
 from promptdistill.pipeline.session import engine_session
 
@@ -55,19 +52,15 @@ def optimize_prompt(
     Returns:
         The spec's summary row; the run is Failed when the spec failed.
     """
-    apply_defaults()
-    settings = load_settings()
+    settings, run_id = start_run()
     stages = stage_settings(preset, budget=budget, selection=selection, distill=distill, ttft_budget=ttft_budget,
                             distill_instructions=distill_instructions)
-    budget, selection, distill, ttft_budget = (stages[k] for k in ("budget", "selection", "distill", "ttft_budget"))
-    run_id = run_id_for(flow_run.get_id())
     (path,) = select_spec_files(prompts_dir, [spec])
     with engine_session(settings.engine) as engine:
         ttft = ensure_ttft_model(settings.engine, engine, registry_root=settings.registry, max_age_hours=None,
-                                 budget=ttft_budget, prompts_dir=prompts_dir, seed=seed, run_id=run_id)
-        row = run_spec(str(path), engine_config=settings.engine, engine_key=engine.identity.key(), budget=budget,
-                       selection=selection, distill=distill, seed=seed, ttft_version=ttft.get("model_version"),
-                       registry_root=settings.registry, allow_promotion=allow_promotion, run_id=run_id)
+                                 budget=stages["ttft_budget"], prompts_dir=prompts_dir, seed=seed, run_id=run_id)
+        row = run_spec(str(path), **spec_arguments(settings, engine, stages, ttft, seed=seed,
+                                                   allow_promotion=allow_promotion, run_id=run_id))
     get_run_logger().info("summary:\n%s", format_summary_table([row]))
     if row["status"] == "failed":
         raise SpecsFailedError(f"{spec}: {row['error']}", {"run_id": run_id, "rows": [row], "ttft": ttft, "failed": [spec]})

@@ -10,13 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.runtime import flow_run
 
-from promptdistill.core.config import load_settings
-from promptdistill.core.env import apply_defaults
-from promptdistill.flows.tasks import fit_and_publish_ttft, measure_ttft, state_dir
+from promptdistill.flows.tasks import fit_and_publish_ttft, measure_ttft, start_run, state_dir
 from promptdistill.pipeline.budgets import TTFTBudget
-from promptdistill.pipeline.jobs import run_id_for
 from promptdistill.pipeline.session import engine_session
 
 
@@ -32,9 +28,7 @@ def profile_ttft(budget: TTFTBudget = TTFTBudget(), prompts_dir: str = "prompts"
     Returns:
         The published model: engine key, registry version, chosen estimator, held-out scores.
     """
-    apply_defaults()
-    settings = load_settings()
-    run_id = run_id_for(flow_run.get_id())
+    settings, run_id = start_run()
     with engine_session(settings.engine):
         measurements = measure_ttft(settings.engine, budget, prompts_dir, seed, str(state_dir() / "ttft" / "measurements"))
     return fit_and_publish_ttft(measurements, settings.registry, run_id, seed, str(state_dir() / "ttft" / "reports"),

@@ -35,9 +35,11 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.runtime import flow_run
 from prefect.tasks import exponential_backoff
 
-from promptdistill.core.config import EngineConfig, load_settings
+from promptdistill.core.config import EngineConfig, Settings, load_settings
+from promptdistill.core.env import apply_defaults
 from promptdistill.core.errors import EngineTimeoutError, EngineUnavailableError
 from promptdistill.core.jsonio import json_records
 from promptdistill.distill.loop import DistillConfig
@@ -45,7 +47,7 @@ from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline import events, stages
 from promptdistill.pipeline.budgets import TTFTBudget, task_timeout_s
-from promptdistill.pipeline.jobs import SpecJob, SpecOutcome, distill_key, optimize_key, prepare_job
+from promptdistill.pipeline.jobs import SpecJob, SpecOutcome, distill_key, optimize_key, prepare_job, run_id_for
 from promptdistill.pipeline.night_report import REPORT_PART, prompt_rows, write_night_report
 from promptdistill.pipeline.publish import promote_and_publish
 from promptdistill.pipeline.report import (
@@ -94,6 +96,12 @@ ENGINE_RETRIES: dict[str, Any] = dict(
 CACHED: dict[str, Any] = dict(cache_key_fn=lambda context, parameters: parameters["key"], persist_result=True,
                               result_serializer="json")
 """Cached on the ``key`` parameter, results as JSON; ``persisted()`` adds the storage when called."""
+
+
+def start_run() -> tuple[Settings, str]:
+    """How every flow run starts: the process defaults applied, the settings, the run's registry id."""
+    apply_defaults()
+    return load_settings(), run_id_for(flow_run.get_id())
 
 
 def state_dir() -> Path:
@@ -275,6 +283,15 @@ class SpecSteps:
         """The running step failed with the spec's failure ``row``; returns the row."""
         self.end(events.FAILED, error=row["error"])
         return row
+
+
+def spec_arguments(settings: Settings, engine: Any, stages: dict[str, Any], ttft: dict[str, Any],
+                   **run: Any) -> dict[str, Any]:
+    """:func:`run_spec`'s arguments but the spec's path (the same for every spec of a run):
+    the stages' settings, the engine, the TTFT model the run uses, and ``run`` (seed, run id...)."""
+    return dict(engine_config=settings.engine, engine_key=engine.identity.key(), budget=stages["budget"],
+                selection=stages["selection"], distill=stages["distill"], ttft_version=ttft.get("model_version"),
+                registry_root=settings.registry, **run)
 
 
 def run_spec(path: str, **kwargs: Any) -> dict[str, Any]:
