@@ -21,6 +21,7 @@ import html
 import json
 import re
 import tempfile
+from importlib import resources
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,24 +159,8 @@ def load_night(registry: Registry, run_id: str, *, state_dir: str | Path) -> Nig
 
 
 # ------------------------------------------------------------------------ the page
-_CSS = """
-body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1180px;padding:24px;color:#1d2330}
-h1{font-size:26px;margin:0 0 4px}h2{margin:36px 0 6px;padding-top:12px;border-top:2px solid #dde3ec}
-h3{font-size:16px;margin:22px 0 8px;color:#39475d}.muted{color:#6b778c}.small{font-size:13px}
-table{border-collapse:collapse;margin:8px 0}th,td{padding:4px 10px;border-bottom:1px solid #e4e8ef;text-align:left}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f6fa}
-.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:13px;background:#e4e8ef;vertical-align:middle}
-.optimized{background:#d7f2de}.failed{background:#fbd9d9}.baseline-kept{background:#fdf1cc}
-.diff{display:grid;grid-template-columns:1fr 1fr;gap:14px}
-.diff pre,.same pre{white-space:pre-wrap;word-wrap:break-word;font:13px/1.5 ui-monospace,Menlo,Consolas,monospace;
-background:#f8f9fb;border:1px solid #e4e8ef;border-radius:6px;padding:10px;margin:4px 0}
-del.removed{background:#fbd9d9;color:#8a1c1c}del.rewritten{background:#fdf1cc;color:#7a5a00}
-ins.added{background:#d7f2de;text-decoration:none}ins.rewritten{background:#fdf1cc;text-decoration:none;
-border-bottom:2px solid #d9a400}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;margin:8px 0}dt{font-weight:600;color:#39475d}dd{margin:0}
-figure{margin:10px 0}figure img{max-width:100%;border:1px solid #e4e8ef;border-radius:6px}
-figcaption{font-size:13px;color:#6b778c}pre.error{background:#fbd9d9;padding:10px;white-space:pre-wrap}
-"""
+_CSS = resources.files("promptdistill.pipeline").joinpath("night_report.css").read_text(encoding="utf-8")
+"""The page's style sheet (inline: the page opens offline), kept in a file of its own."""
 
 
 def _e(value: Any) -> str:
