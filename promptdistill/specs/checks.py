@@ -250,14 +250,18 @@ def read_spec_data(path: str | Path) -> tuple[dict[str, Any] | None, list[str]]:
     return (None if errors else data), errors
 
 
-def _static_text_errors(spec: "Spec") -> list[str]:
-    """System text is static: a declared input in it would defeat the prefix cache."""
+def _system_texts(spec: "Spec") -> list[tuple[str, str]]:
+    """The static system part's texts, each with its field: instruction, context, constraints."""
     texts = [("template.system.instruction", spec.instruction)]
     if spec.context:
         texts.append(("template.system.context", spec.context))
-    texts += [(f"template.system.constraints[{i}]", c) for i, c in enumerate(spec.constraints)]
+    return texts + [(f"template.system.constraints[{i}]", c) for i, c in enumerate(spec.constraints)]
+
+
+def _static_text_errors(spec: "Spec") -> list[str]:
+    """System text is static: a declared input in it would defeat the prefix cache."""
     errors = []
-    for where, text in texts:
+    for where, text in _system_texts(spec):
         used = [p for p in placeholders(text) if p in spec.inputs]
         if used:
             errors.append(
@@ -448,11 +452,7 @@ def layout_warnings(spec: "Spec") -> list[str]:
                 f"{{{names[0]}}}; the prefix cache stops at the first input, so they are recomputed on every "
                 "request: move them into the system part"
             )
-    texts = [("template.system.instruction", spec.instruction)]
-    if spec.context:
-        texts.append(("template.system.context", spec.context))
-    texts += [(f"template.system.constraints[{i}]", c) for i, c in enumerate(spec.constraints)]
-    for where, text in texts:
+    for where, text in _system_texts(spec):
         for what, pattern in _VOLATILE:
             m = pattern.search(text)
             if m:
