@@ -258,13 +258,15 @@ def _coerce(where: str, value: Any, default: Any, from_env: bool) -> Any:
         if value.strip().lower() in ("0", "false", "no", "off"):
             return False
         raise bad("bool (1/0, true/false, yes/no, on/off)")
-    if isinstance(default, int):
+    if isinstance(default, int) or default is None:  # None: an optional integer (engine.block_size)
         if not from_env:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
             raise bad("int (an integer)")
+        if default is None and not value.strip():  # TOML has no null: an empty variable unsets it
+            return None
         if not _INT.fullmatch(value.strip()):
-            raise bad("int (an integer)")
+            raise bad("int (an integer)" if default is not None else "int (an integer, or empty for the engine's default)")
         return int(value)
     if isinstance(default, float):
         if not from_env:
@@ -275,16 +277,6 @@ def _coerce(where: str, value: Any, default: Any, from_env: bool) -> Any:
             return float(value)
         except ValueError:
             raise bad("float (a number)") from None
-    if default is None:  # an optional integer (engine.block_size): TOML has no null, "" unsets it
-        if not from_env:
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            raise bad("int (an integer)")
-        if not value.strip():
-            return None
-        if not _INT.fullmatch(value.strip()):
-            raise bad("int (an integer, or empty for the engine's default)")
-        return int(value)
     if isinstance(default, tuple):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
