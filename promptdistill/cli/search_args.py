@@ -60,7 +60,9 @@ def flag_errors(command: str) -> Iterator[None]:
 
 def stage_folder(state_dir: str | Path, stage: str, spec: str, seed: int) -> Path:
     """A command's stage output by default: ``STATE_DIR/STAGE/NAME-seedS`` (``optimize`` reads ``distill``'s)."""
-    return Path(state_dir) / stage / f"{spec}-seed{seed}"
+    from promptdistill.pipeline.stages import stage_dir
+
+    return stage_dir(state_dir, stage, f"{spec}-seed{seed}")
 
 
 def open_search(args: argparse.Namespace, stage: str) -> tuple[Any, Any, Path, Path | None]:

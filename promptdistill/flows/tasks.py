@@ -210,7 +210,7 @@ def distill_spec(engine_config: EngineConfig, job: SpecJob, config: DistillConfi
     """Distill the spec's instruction. Cached on ``key``."""
     engine = shared_engine(engine_config)
     with engine_slot(engine_config, engine):
-        return stages.distill_stage(engine, job, config=config, seed=seed, out_dir=state_dir() / "distill" / key,
+        return stages.distill_stage(engine, job, config=config, seed=seed, out_dir=stages.stage_dir(state_dir(), "distill", key),
                                     cache_path=stages.lm_cache_path(state_dir()), judge_engine=judge_engine())
 
 
@@ -222,7 +222,7 @@ def optimize_spec(engine_config: EngineConfig, job: SpecJob, budget: OptimizeBud
     ttft_model = load_ttft_model(Registry(registry_root), engine.identity)
     with engine_slot(engine_config, engine):
         return stages.optimize_stage(engine, job, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
-                                     distilled=distilled, out_dir=state_dir() / "optimize" / key,
+                                     distilled=distilled, out_dir=stages.stage_dir(state_dir(), "optimize", key),
                                      cache_path=stages.lm_cache_path(state_dir()), judge_engine=judge_engine())
 
 

@@ -40,6 +40,7 @@ from promptdistill.pipeline.report import (
     png_data_uri,
     version_label,
 )
+from promptdistill.pipeline.stages import stage_dir
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
 from promptdistill.specs.datasets import dataset_for
@@ -80,6 +81,15 @@ def _baseline_prompt(result: Mapping[str, Any], folder: Path) -> tuple[str | Non
     return unescape_braces(build_system(spec, examples)), spec.user, f"baseline rendered from {source}"
 
 
+def _optimize_folder(state_dir: str | Path, row: Mapping[str, Any]) -> Path:
+    """The spec's optimizer folder of the run (its work key), where ``result.json`` and ``pareto.png`` are."""
+    return stage_dir(state_dir, "optimize", str(row.get("run_key") or ""))
+
+
+def _read_result(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "result.json").read_text(encoding="utf-8"))
+
+
 def prompt_rows(rows: Sequence[Mapping[str, Any]], *, state_dir: str | Path, ttft: Mapping[str, Any]) -> pd.DataFrame:
     """The ``report`` run log: per spec, the folder and both prompts' text, read at run time.
 
@@ -90,9 +100,9 @@ def prompt_rows(rows: Sequence[Mapping[str, Any]], *, state_dir: str | Path, ttf
         item: dict[str, Any] = {"template": r["template"], "folder": None, "baseline_system": None,
                                 "baseline_user": None, "published_system": None, "published_user": None,
                                 "prompt_note": "", "ttft_json": json.dumps(dict(ttft), default=str)}
-        folder = Path(state_dir) / "optimize" / str(r.get("run_key") or "")
+        folder = _optimize_folder(state_dir, r)
         if r.get("run_key") and (folder / "result.json").is_file():
-            result = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+            result = _read_result(folder)
             content = result.get("content", {})
             item.update(folder=str(folder.resolve()), published_system=unescape_braces(content.get("system", "")),
                         published_user=content.get("user"))
@@ -138,12 +148,12 @@ def load_night(registry: Registry, run_id: str, *, state_dir: str | Path) -> Nig
     fits: dict[tuple[str, str], bytes | None] = {}  # one figure per TTFT model, however many specs used it
     for r in rows:
         name = r["template"]
-        folder = Path(prompts.get(name, {}).get("folder") or Path(state_dir) / "optimize" / str(r.get("run_key") or ""))
+        folder = Path(prompts.get(name, {}).get("folder") or _optimize_folder(state_dir, r))
         if r["status"] == "failed" or not (folder / "result.json").is_file():
             if r["status"] != "failed":
                 notes.append(f"{name}: stage folder {folder} is gone; its numbers come from the summary only")
             continue
-        results[name] = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+        results[name] = _read_result(folder)
         images[name] = {}
         if (folder / "pareto.png").is_file():
             images[name]["pareto"] = (folder / "pareto.png").read_bytes()

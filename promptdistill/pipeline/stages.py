@@ -40,9 +40,15 @@ from promptdistill.specs.model import Spec
 from promptdistill.ttft.model import TTFTModel
 
 __all__ = ["cached", "candidate_table", "distill_stage", "lm_cache_path", "optimize_stage", "result_figures", "result_plots",
-           "run_distill", "run_optimize"]
+           "run_distill", "run_optimize", "stage_dir"]
 
 logger = logging.getLogger(__name__)
+
+
+def stage_dir(state_dir: str | Path, stage: str, key: str) -> Path:
+    """Where a stage run writes its files: ``<state_dir>/<stage>/<key>`` (the flows' key is the
+    work key, the commands' ``NAME-seedS``); the night report reads them from there."""
+    return Path(state_dir) / stage / key
 
 
 def lm_cache_path(state_dir: str | Path) -> Path:
