@@ -1,11 +1,6 @@
 """Prompt specs: how a production prompt template is described, loaded, checked and rendered.
 
-A spec lives in ``prompts/<name>.yaml``; its dataset in ``datasets/<dataset>`` beside
-``prompts/``. The template is split the way a prefix cache wants it: a static system
-part (instruction, context, constraints, few-shot examples) rendered first and a
-variable user part, holding every input, rendered last.
-
-Modules:
+Modules (a spec's layout, with an example, is in ``model``'s docstring):
 
 * :mod:`~promptdistill.specs.model`: the frozen ``Spec`` and its parts;
 * :mod:`~promptdistill.specs.checks`: safe YAML, the shipped JSON Schema, what a schema
