@@ -9,7 +9,8 @@
   None): every table that leaves as JSON (Prefect artifacts, the night report, stage
   summaries) goes through it;
 * :func:`atomic_write`: a temporary file in the target's folder, then a rename, so a
-  reader never sees half a file and a crash leaves the old one;
+  reader never sees half a file and a crash leaves the old one (:func:`write_json`,
+  :func:`write_parquet` write through it);
 * :func:`read_text`: a file read within a size bound and as UTF-8, or one clear reason
   (every loader of user files: specs, judges, config, template content);
 * :func:`strict_json`: JSON text as the standard defines it (Python's ``json`` also takes
@@ -29,7 +30,7 @@ from pathlib import Path, PurePath
 from typing import Any, Callable
 
 __all__ = ["NotJSONError", "TextFileError", "atomic_write", "canonical_json", "json_records", "json_safe", "read_text",
-           "strict_json", "to_json_value", "write_json"]
+           "strict_json", "to_json_value", "write_json", "write_parquet"]
 
 
 def canonical_json(value: Any) -> str:
@@ -165,6 +166,11 @@ def write_json(path: str | os.PathLike[str], value: Any, *, nan_to_none: bool = 
     text = json.dumps(to_json_value(value, str(path), nan_to_none=nan_to_none), indent=2, ensure_ascii=False,
                       allow_nan=False)
     return atomic_write(path, text + "\n")
+
+
+def write_parquet(path: str | os.PathLike[str], frame: Any) -> Path:
+    """A pandas DataFrame as Parquet (no index), written atomically (pandas is not imported here)."""
+    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 class TextFileError(ValueError):

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from promptdistill.core.jsonio import atomic_write, json_safe, write_json
+from promptdistill.core.jsonio import json_safe, write_json, write_parquet
 from promptdistill.core.stats import bootstrap_ci
 from promptdistill.distill.candidates import ClauseScore, DistillCandidate
 from promptdistill.evaluate.evaluator import EvalReport
@@ -131,13 +131,8 @@ class DistillResult:
     def write(self, folder: str | os.PathLike[str]) -> Path:
         """Write the tables and ``result.json`` into ``folder`` (see the module docstring)."""
         out = Path(folder)
-        _parquet(self.candidate_rows(), out / "candidates.parquet")
-        _parquet(self.clause_rows or [{"round": 0}], out / "clauses.parquet")
-        _parquet(self.judge_stats or [{"judge": None}], out / "judges.parquet")
+        write_parquet(out / "candidates.parquet", pd.DataFrame(self.candidate_rows()))
+        write_parquet(out / "clauses.parquet", pd.DataFrame(self.clause_rows or [{"round": 0}]))
+        write_parquet(out / "judges.parquet", pd.DataFrame(self.judge_stats or [{"judge": None}]))
         write_json(out / "result.json", {**self.summary(), "calibration": self.calibration})
         return out
-
-
-def _parquet(rows: list[dict[str, Any]], path: Path) -> None:
-    frame = pd.DataFrame(rows)
-    atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))

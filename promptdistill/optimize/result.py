@@ -24,7 +24,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from promptdistill.core.display import format_number
-from promptdistill.core.jsonio import atomic_write, json_safe, write_json
+from promptdistill.core.jsonio import atomic_write, json_safe, write_json, write_parquet
 from promptdistill.optimize.plot import plot_pareto
 from promptdistill.search.sequential import Plan
 
@@ -242,11 +242,11 @@ class OptimizationResult:
             frame: pd.DataFrame = getattr(self, name)
             if name != "candidates" and frame.empty:
                 continue
-            paths[name] = atomic_write(folder / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
+            paths[name] = write_parquet(folder / f"{name}.parquet", frame)
         if self.references:  # what label-free records were scored against, published with the run
             refs = pd.DataFrame({"record_id": list(self.references),
                                  "reference": [json.dumps(v, ensure_ascii=False) for v in self.references.values()]})
-            paths["references"] = atomic_write(folder / "references.parquet", lambda p: refs.to_parquet(p, index=False))
+            paths["references"] = write_parquet(folder / "references.parquet", refs)
         paths["result"] = write_json(folder / "result.json", self.to_json())
         paths["plot"] = atomic_write(folder / "pareto.png", lambda p: plot_pareto(self, p))
         return paths
