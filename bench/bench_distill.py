@@ -37,9 +37,11 @@ def main() -> None:
     args.specs = args.specs or bundled_specs()
 
     from promptdistill.cli.distill import format_result
+    from promptdistill.cli.search_args import stage_folder
     from promptdistill.distill import DistillConfig, distill
     from promptdistill.engine import load_engine
     from promptdistill.engine.cache import CachedEngine
+    from promptdistill.pipeline.stages import lm_cache_path
     from promptdistill.specs.load import load_spec
 
     settings = load_settings()
@@ -47,12 +49,12 @@ def main() -> None:
                            dev_size=args.dev, test_size=args.test, screen_size=args.screen)
     rows, judges = [], {}
     with load_engine(settings.engine) as engine:
-        cached = CachedEngine(engine, settings.state_dir / "lm_cache.sqlite")
+        cached = CachedEngine(engine, lm_cache_path(settings.state_dir))
         for name in args.specs:
             spec = load_spec(name)
             real_before = cached.real_calls
             result = distill(cached, spec, config=config)
-            result.write(settings.state_dir / "distill" / f"{name}-seed{args.seed}")
+            result.write(stage_folder(settings.state_dir, "distill", name, args.seed))  # where `optimize` looks
             print(f"\n===== {name}")
             print(format_result(result))
             row = result.summary()

@@ -34,7 +34,7 @@ from promptdistill.engine import load_engine  # noqa: E402
 from promptdistill.optimize.select import SelectionRule  # noqa: E402
 from promptdistill.pipeline.budgets import budget_preset  # noqa: E402
 from promptdistill.pipeline.jobs import prepare_job  # noqa: E402
-from promptdistill.pipeline.stages import distill_stage, optimize_stage, result_figures  # noqa: E402
+from promptdistill.pipeline.stages import distill_stage, lm_cache_path, optimize_stage, result_figures  # noqa: E402
 from promptdistill.pipeline.ttft_models import load_ttft_model  # noqa: E402
 from promptdistill.registry.store import Registry  # noqa: E402
 
@@ -42,7 +42,7 @@ from promptdistill.registry.store import Registry  # noqa: E402
 def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: Path, seed: int,
              distill_first: bool) -> dict[str, Any]:
     job = prepare_job(Path("prompts") / f"{name}.yaml")
-    cache = state / "lm_cache.sqlite"
+    cache = lm_cache_path(state)
     started = time.monotonic()
     distilled = None
     if distill_first:
