@@ -21,9 +21,9 @@ import html
 import json
 import re
 import tempfile
-from importlib import resources
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +169,10 @@ def load_night(registry: Registry, run_id: str, *, state_dir: str | Path) -> Nig
 
 
 # ------------------------------------------------------------------------ the page
-_CSS = resources.files("promptdistill.pipeline").joinpath("night_report.css").read_text(encoding="utf-8")
-"""The page's style sheet (inline: the page opens offline), kept in a file of its own."""
+def _css() -> str:
+    """The page's style sheet (inlined: the page opens offline), kept in a file of its own and
+    read when a page is rendered, not when the flows import this module."""
+    return resources.files("promptdistill.pipeline").joinpath("night_report.css").read_text(encoding="utf-8")
 
 
 def _e(value: Any) -> str:
@@ -293,7 +295,7 @@ def render_night_report(night: Night) -> str:
     return "\n".join([
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-        f"<title>Night report {_e(night.run_id)}</title><style>{_CSS}</style></head><body>",
+        f"<title>Night report {_e(night.run_id)}</title><style>{_css()}</style></head><body>",
         f"<h1>Nightly prompt optimization</h1><p class='muted'>run {_e(night.run_id)}</p>",
         "".join(f"<p>{_e(x)}</p>" for x in lead), notes, _summary_table(night.rows),
         *(_spec_section(night, r) for r in night.rows), "</body></html>",
