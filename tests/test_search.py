@@ -38,9 +38,11 @@ from promptdistill.search.racing import (
     can_beat,
     looks,
     paired_mean,
+    plan_finalists,
     plan_from_screen,
     race,
     screen,
+    screen_then_race,
     select,
 )
 from promptdistill.search.sequential import (
@@ -740,14 +742,17 @@ def run_race(cands, scores, *, pool=N_POOL, budget=None, margin=0.05, alpha=0.1,
     return base, ev
 
 
-def test_race_decides_clear_cases_early_and_stops():
+def test_race_decides_clear_cases_early_and_races_the_next_finalist_only_after_one_fails():
     """O'Brien-Fleming boundaries ask for overwhelming evidence at the first look (50 of 400
-    records: z >= 6.1) and decide these at the second (100: z >= 4.2)."""
-    better, worse = cand("better", 10.0), cand("worse", 20.0)
+    records: z >= 6.1) and decide these at the second (100: z >= 4.2). Finalists go in
+    turn: ``better`` is raced only once ``worse`` is decided, on the same records, and the
+    baseline's scores are reused."""
+    worse, better = cand("worse", 10.0), cand("better", 20.0)
     lines = []
-    base, ev = run_race([better, worse], {"better": [1.0] * N_POOL, "worse": [0.0] * N_POOL}, log=lines.append)
-    assert ev.calls == [(["baseline", "better", "worse"], [str(i) for i in range(50)]),
-                        (["baseline", "better", "worse"], [str(i) for i in range(50, 100)])]  # two looks, then done
+    base, ev = run_race([worse, better], {"better": [1.0] * N_POOL, "worse": [0.0] * N_POOL}, log=lines.append)
+    first, second = [str(i) for i in range(50)], [str(i) for i in range(50, 100)]
+    assert ev.calls == [(["baseline", "worse"], first), (["baseline", "worse"], second),
+                        (["better"], first), (["better"], second)]
     b, w = better.decision, worse.decision
     assert (b.verdict, b.n, b.diff_mean, b.alpha) == ("non-inferior", 100, 0.5, 0.05)
     assert (w.verdict, w.n, w.diff_mean, w.alpha) == ("inferior", 100, -0.5, 0.05)
@@ -757,26 +762,105 @@ def test_race_decides_clear_cases_early_and_stops():
                        "(group-sequential, alpha 0.05), a drop of 0.05 or more ruled out"
     assert w.reason.startswith("certified inferior: bounds [") and w.reason.endswith("a drop of less than 0.05 ruled out")
     assert b.to_dict()["verdict"] == "non-inferior" and b.to_dict()["n"] == 100
-    assert len(lines) == 2 and lines[1].startswith("race: 100 of 400 certify records; better non-inferior [")
+    assert [line.split(";")[0] for line in lines] == ["race: worse: 50 of 400 certify records",
+                                                      "race: worse: 100 of 400 certify records",
+                                                      "race: better: 50 of 400 certify records",
+                                                      "race: better: 100 of 400 certify records"]
+    assert lines[-1].startswith("race: better: 100 of 400 certify records; non-inferior [")
     assert base.raced.n == 100 and better.mean == 1.0
 
 
-def test_race_stops_a_candidate_a_cheaper_certified_one_makes_useless():
+def test_race_ends_at_the_first_certified_finalist():
+    """The finalists come in selection's order, so a later one could win only by a quality
+    tie-break: none is raced once one is certified."""
     cheap, pricey = cand("cheap", 10.0), cand("pricey", 50.0)
-    _, ev = run_race([cheap, pricey], {"cheap": [1.0] * N_POOL, "pricey": as_good()})
-    assert cheap.decision.verdict == "non-inferior"
-    d = pricey.decision
-    assert (d.verdict, d.n) == ("stopped", 100)
-    assert d.reason.startswith("stopped: a certified rival would be selected over it; bounds [")
-    assert ev.evaluated("pricey") == 100 and len(ev.calls) == 2
+    _, ev = run_race([cheap, pricey], {"cheap": [1.0] * N_POOL, "pricey": [1.0] * N_POOL})
+    assert (cheap.decision.verdict, cheap.decision.n) == ("non-inferior", 100)
+    assert pricey.decision == Decision("not raced", alpha=0.05,
+                                       reason="not raced: cheap, raced before it, was certified")
+    assert ev.evaluated("pricey") == 0 and len(ev.calls) == 2
 
 
-def test_race_goes_on_with_a_cheaper_candidate_when_a_dearer_one_is_certified():
-    cheap, pricey = cand("cheap", 10.0), cand("pricey", 50.0)
-    _, ev = run_race([cheap, pricey], {"cheap": as_good(), "pricey": [1.0] * N_POOL})
-    assert pricey.decision.verdict == "non-inferior" and pricey.decision.n == 100
-    assert ev.evaluated("cheap") == N_POOL and ev.evaluated("pricey") == 100
-    assert [len(ids) for _, ids in ev.calls] == [50, 50, 100, 200]  # looks at 50, 100, 200, 400
+def test_a_finalist_that_fails_late_hands_over_the_pool():
+    """A tie at 20% discordance runs on (no futility stop, no certificate by 400 at alpha
+    0.05 with margin 0.01); the next finalist then gets the whole pool."""
+    tie, good = cand("tie", 10.0), cand("good", 50.0)
+    _, ev = run_race([tie, good], {"tie": as_good(), "good": [1.0] * N_POOL}, margin=0.01)
+    assert tie.decision.verdict in ("undecided", "stopped") and not tie.decision.certified
+    assert good.decision.certified and ev.evaluated("baseline") == tie.decision.n
+    assert ev.evaluated("good") == good.decision.n
+
+
+def screened(cid: str, cost: float, scores: list[float]) -> Candidate:
+    return cand(cid, cost, screen=fake_report(cid, scores))
+
+
+def test_the_plan_admits_as_many_finalists_as_the_pool_certifies_the_margin_for():
+    """k finalists share alpha; the plan takes the most whose share leaves the first one 80%
+    power for a candidate a fifth of the margin worse than the baseline (certifiable margin
+    at a tie <= 0.04 for 0.05), at the discordance its screen cannot rule out; at least
+    one, which then keeps all of alpha."""
+    base = screened("baseline", 100.0, [1.0, 0.0] * 8)
+    quiet = screened("quiet", 10.0, [1.0, 0.0] * 8)  # no discordant pair in 16: up to 13.4%
+    noisy = screened("noisy", 10.0, [0.0, 1.0] * 8)  # all 16 discordant
+    settings = RaceSettings(margin=0.05, alpha=0.1, finalists=3)
+    k, plan = plan_finalists(base, quiet, pool=984, settings=settings)
+    assert k == 3 and plan.alpha == pytest.approx(0.1 / 3) and plan.certifiable_margin <= 0.04
+    assert plan.sentence().startswith("984 certify records can certify a drop of at most 0.05")
+    k, plan = plan_finalists(base, noisy, pool=984, settings=settings)
+    assert k == 1 and plan.alpha == 0.1 and plan.certifiable_margin > 0.05
+    # 600 records: room for two at alpha 0.05 each (certifiable 0.0385), not three at 0.033
+    # (0.0414), though 0.0414 still certifies 0.05 at a tie; a rule of one finalist admits one.
+    k, plan = plan_finalists(base, quiet, pool=600, settings=settings)
+    assert k == 2 and plan.alpha == 0.05 and plan.certifiable_margin <= 0.04
+    assert 0.04 < plan_records(600, discordance=plan.discordance, margin=0.05, alpha=0.1 / 3).certifiable_margin < 0.05
+    assert plan_finalists(base, quiet, pool=600, settings=RaceSettings(margin=0.05, finalists=1))[0] == 1
+
+
+def test_screen_then_race_screens_for_the_next_finalist_only_when_one_fails():
+    """The first finalist (cheapest, plausible on the screen) fails on the certify records;
+    only then is the next one screened for, and raced on the same certify records at the
+    alpha share fixed before the race. The dearest candidate is never screened."""
+    recs = numbered_records(416)
+    screen_recs, certify = recs[:16], recs[16:]
+    base_scores = [float(i % 2 == 0) for i in range(416)]
+    scores = {"baseline": base_scores,
+              "c1": base_scores[:16] + [0.0] * 400,  # ties on the screen, worse on every certify record
+              "c2": base_scores[:16] + [1.0] * 400, "c3": [1.0] * 416}
+    ev = FakeEvaluator(scores)
+    base = cand("baseline", 100.0, static=300)
+    c1, c2, c3 = cand("c1", 10.0), cand("c2", 20.0), cand("c3", 30.0)
+    lines = []
+    raced, plan = screen_then_race(base, [c3, c2, c1], screen_recs, certify, ev, budget=Budget(FakeMeter(), **GENEROUS),
+                                   settings=RaceSettings(margin=0.1, alpha=0.1, finalists=3), resolution=EXACT,
+                                   every=False, log=lines.append)
+    ids = lambda lo, hi: [str(i) for i in range(lo, hi)]  # noqa: E731
+    assert ev.calls == [(["baseline", "c1"], ids(0, 16)), (["baseline", "c1"], ids(16, 66)),
+                        (["baseline", "c1"], ids(66, 116)), (["c2"], ids(0, 16)), (["c2"], ids(16, 66)),
+                        (["c2"], ids(66, 116))]
+    assert raced == [c1, c2] and c3.screen is None
+    assert plan.alpha == pytest.approx(0.1 / 3)
+    assert (c1.decision.verdict, c1.decision.alpha) == ("inferior", pytest.approx(0.1 / 3))
+    assert (c2.decision.verdict, c2.decision.n) == ("non-inferior", 100)
+    assert select(base, raced, resolution=EXACT)[0] is c2
+    assert len(lines) == 4
+
+
+def test_screen_then_race_with_one_admitted_finalist_races_no_fallback():
+    recs = numbered_records(116)
+    base_scores = [float(i % 2 == 0) for i in range(116)]
+    scores = {"baseline": base_scores, "c1": [1.0 - b for b in base_scores[:16]] + [0.0] * 100,
+              "c2": [1.0] * 116}
+    ev = FakeEvaluator(scores)
+    base, c1, c2 = cand("baseline", 100.0), cand("c1", 10.0), cand("c2", 20.0)
+    # c1 differs from the baseline on all 16 screen records (mean 0): the plan admits one finalist.
+    raced, plan = screen_then_race(base, [c1, c2], recs[:16], recs[16:], ev, budget=Budget(FakeMeter(), **GENEROUS),
+                                   settings=RaceSettings(margin=0.1, alpha=0.1, finalists=3), resolution=EXACT,
+                                   every=False)
+    assert raced == [c1] and plan.alpha == 0.1 and c2.screen is None
+    assert c1.decision.verdict == "inferior" and c2.decision.verdict == "not raced"
+    assert screen_then_race(base, [], recs[:16], recs[16:], ev, budget=Budget(FakeMeter(), **GENEROUS),
+                            settings=RaceSettings(margin=0.1), resolution=EXACT) == ([], None)
 
 
 def test_race_leaves_a_candidate_undecided_when_the_pool_runs_out():
@@ -789,20 +873,19 @@ def test_race_leaves_a_candidate_undecided_when_the_pool_runs_out():
                         "after 100 records (group-sequential, alpha 0.1)")
 
 
-def test_race_under_a_budget_races_the_cheapest_and_says_the_budget_ended_it():
+def test_race_under_a_budget_says_the_budget_ended_it_and_races_no_one_after():
     meter = FakeMeter()
     budget = Budget(meter, max_calls=250, max_minutes=60)
     a, b = cand("a", 10.0), cand("b", 20.0)
-    base, ev = run_race([b, a], {"a": as_good(200), "b": as_good(200)}, pool=200, budget=budget)
-    # Look 1 (50 records): baseline, a, b = 150 calls; look 2: 100 calls left, the baseline and a.
-    assert [(c, len(ids)) for c, ids in ev.calls] == [(["baseline", "b", "a"], 50), (["baseline", "a"], 50)]
-    assert meter.calls == 250 and base.raced.n == 100
-    reason = "budget: LM calls (250) allowed 2 of 3 race evaluations"
+    base, ev = run_race([a, b], {"a": as_good(200), "b": as_good(200)}, pool=200, budget=budget)
+    # Looks at 50 and 100: the baseline and a, 200 calls; the look at 200 needs 200 more.
+    assert [(c, len(ids)) for c, ids in ev.calls] == [(["baseline", "a"], 50), (["baseline", "a"], 50)]
+    assert meter.calls == 200 and base.raced.n == 100
+    reason = "budget: LM calls (250) allowed 0 of 2 race evaluations"
     assert budget.reason == reason
     assert (a.decision.verdict, a.decision.n) == ("undecided", 100)
-    assert (b.decision.verdict, b.decision.n) == ("undecided", 50)
     assert a.decision.reason.startswith(f"undecided: {reason} after 100 of 200 certify records; bounds")
-    assert b.decision.reason.startswith(f"undecided: {reason} after 100 of 200 certify records; bounds")
+    assert b.decision == Decision("not raced", alpha=0.05, reason=f"not raced: {reason}")
     winner, why = select(base, [a, b], resolution=EXACT)
     assert winner is base and why == (f"kept: no candidate certified non-inferior (undecided: {reason} after 100 of "
                                       f"200 certify records; bounds [{a.decision.lower:+.3f}, {a.decision.upper:+.3f}] "
@@ -810,11 +893,11 @@ def test_race_under_a_budget_races_the_cheapest_and_says_the_budget_ended_it():
 
 
 def test_a_finalist_cut_by_the_budget_at_the_last_look_says_so():
-    budget = Budget(FakeMeter(), max_calls=250, max_minutes=60)
-    a, b = cand("a", 10.0), cand("b", 20.0)
-    run_race([a, b], {"a": as_good(100), "b": as_good(100)}, pool=100, budget=budget)
-    assert b.decision.n == 50
-    assert "budget" in b.decision.reason and "exhausted" not in b.decision.reason
+    budget = Budget(FakeMeter(), max_calls=150, max_minutes=60)
+    a = cand("a", 10.0)
+    run_race([a], {"a": as_good(100)}, pool=100, budget=budget)
+    assert a.decision.n == 50
+    assert "budget" in a.decision.reason and "exhausted" not in a.decision.reason
 
 
 def test_finalists_with_no_certify_records_are_not_raced_for_that_reason():
@@ -967,11 +1050,11 @@ def test_budget_time_is_a_cap_never_a_projection():
 
 
 def test_a_race_reaches_the_same_decision_on_a_slow_machine():
-    """The quick preset's race (984 certify records, two finalists, its optimizer's cap) at
-    0.01 s and at 0.5 s per evaluated record (a 50x slower engine: 25 minutes of records)
-    certifies the same finalists at the same looks. At af0b1f5 the quick preset's 6 minutes
-    were projected at the pace seen, and the slow race stopped early. A cap that does pass
-    stops the race and says after how many records."""
+    """The quick preset's race (984 certify records, two finalists in turn, its optimizer's
+    cap) at 0.01 s and at 0.5 s per evaluated record (a 50x slower engine: 25 minutes of
+    records) reaches the same decisions at the same looks. At af0b1f5 the quick preset's 6
+    minutes were projected at the pace seen, and the slow race stopped early. A cap that
+    does pass stops the race and says after how many records."""
     from promptdistill.pipeline.budgets import budget_preset
 
     quick = budget_preset("quick")
@@ -983,22 +1066,22 @@ def test_a_race_reaches_the_same_decision_on_a_slow_machine():
     for per_record_s, cap in ((0.01, quick["budget"].max_minutes), (0.5, quick["budget"].max_minutes), (0.5, 6.0)):
         clock = FakeClock(0.0)
         meter = FakeMeter()
-        ev = FakeEvaluator({"baseline": base_scores, "a": as_good_long, "b": [1.0] * pool}, meter=meter)
+        ev = FakeEvaluator({"baseline": base_scores, "w": [0.0] * pool, "a": as_good_long}, meter=meter)
 
         def slow(cands, recs, ev=ev, clock=clock, per_record_s=per_record_s):
             clock.advance(per_record_s * len(cands) * len(recs))
             return ev(cands, recs)
 
-        a, b = cand("a", 10.0), cand("b", 50.0)
+        w, a = cand("w", 10.0), cand("a", 50.0)
         budget = Budget(meter, max_calls=quick["budget"].max_lm_calls, max_minutes=cap, clock=clock.monotonic)
-        race(cand("baseline", 100.0), [a, b], numbered_records(pool), slow, budget=budget, settings=settings,
+        race(cand("baseline", 100.0), [w, a], numbered_records(pool), slow, budget=budget, settings=settings,
              resolution=EXACT)
-        outcomes.append([(c.decision.verdict, c.decision.n) for c in (a, b)])
+        outcomes.append([(c.decision.verdict, c.decision.n) for c in (w, a)])
         last = a
-    assert outcomes[0] == outcomes[1] == [("non-inferior", 800), ("non-inferior", 100)]
-    # A 6-minute cap (the old quick budget, now only as a cap): the looks starting at 0, 75,
-    # 150 and 250 s run, the one at 450 s does not.
-    assert outcomes[2] == [("undecided", 400), ("non-inferior", 100)]
+    assert outcomes[0] == outcomes[1] == [("inferior", 100), ("non-inferior", 800)]
+    # A 6-minute cap (the old quick budget, now only as a cap): w's looks take 100 s, a's
+    # looks starting at 100, 125, 150 and 250 s run, the one at 450 s does not.
+    assert outcomes[2] == [("inferior", 100), ("undecided", 400)]
     assert last.decision.reason.startswith("undecided: stopped by the 6-minute cap")
     assert f"after 400 of {pool} certify records" in last.decision.reason
 

@@ -207,7 +207,7 @@ def test_flags_left_out_run_with_the_declared_defaults(monkeypatch):
     import inspect
 
     import promptdistill.flows.nightly as flows
-    import promptdistill.search.sequential as sequential
+    import promptdistill.search.racing as racing
     from promptdistill.cli import distill, nightly, plan
     from promptdistill.pipeline.console import Terminal
 
@@ -227,7 +227,7 @@ def test_flags_left_out_run_with_the_declared_defaults(monkeypatch):
         nightly._run(parser.parse_args(["nightly", "--budget", "smoke", "--prompts-dir", str(REPO / "prompts")]),
                      Terminal(io.StringIO(), io.StringIO(), None))
     assert passed["ttft_max_age_hours"] == max_age
-    monkeypatch.setattr(sequential, "plan_records", stop(planned))
+    monkeypatch.setattr(racing, "plan_records", stop(planned))
     with pytest.raises(_Stop):
         plan._plan(parser.parse_args(["plan", "ticket_triage", "--prompts-dir", str(REPO / "prompts")]))
     assert planned["discordance"] == _declared(PlanAssumption, "discordance").default

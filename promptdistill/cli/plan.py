@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--discordance", type=float, default=None,
                    help=DeclaredHelp("promptdistill.search.sequential:PlanAssumption", "discordance"))
     p.add_argument("--alpha", type=float, default=None, help="family-wise error rate of the race (default: the preset's)")
-    p.add_argument("--finalists", type=int, default=None, help="candidates raced, alpha split among them (default: the preset's)")
+    p.add_argument("--finalists", type=int, default=None,
+                   help="most candidates raced in turn, alpha split among those the pool has room for "
+                        "(default: the preset's)")
     p.add_argument("--dev", type=int, default=None, help="dev records the search may use (default: the preset's)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_plan)
@@ -40,7 +42,8 @@ def _plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from promptdistill.pipeline.budgets import stage_settings
-    from promptdistill.search.sequential import PlanAssumption, plan_records
+    from promptdistill.search.racing import RaceSettings, admitted_finalists
+    from promptdistill.search.sequential import PlanAssumption
     from promptdistill.search.splits import split_records
     from promptdistill.specs.load import load_spec
 
@@ -52,15 +55,17 @@ def _plan(args: argparse.Namespace) -> int:
     dev = budget.dev_size if args.dev is None else args.dev
     splits = split_records(spec, seed=0, screen_size=budget.screen_size, dev_size=dev, test_size=10**9)
     discordance = PlanAssumption.discordance if args.discordance is None else args.discordance
-    plan = plan_records(len(splits.certify), discordance=discordance, margin=spec.slo.max_quality_drop,
-                        alpha=alpha / finalists, discrete=spec.metric.discrete, first_look=rule.first_look,
-                        basis="assumed")
+    settings = RaceSettings(margin=spec.slo.max_quality_drop, alpha=alpha, finalists=finalists,
+                            first_look=rule.first_look, discrete=spec.metric.discrete)
+    admitted, plan = admitted_finalists(len(splits.certify), discordance=discordance, settings=settings,
+                                        basis="assumed")
     if args.json:
-        print(json.dumps({"spec": spec.name, "budget": args.budget, "splits": splits.sizes(), **asdict(plan)},
-                         indent=2))
+        print(json.dumps({"spec": spec.name, "budget": args.budget, "splits": splits.sizes(),
+                          "finalists_admitted": admitted, **asdict(plan)}, indent=2))
         return 0
     sizes = splits.sizes()
     print(f"{spec.name}: {sizes['train']} train, {sizes['screen']} screen + {sizes['certify']} certify dev, "
-          f"{sizes['test']} test records ({args.budget} preset: {finalists} finalists, alpha {alpha:g})")
-    print(f"  {plan.sentence()}")
+          f"{sizes['test']} test records ({args.budget} preset: up to {finalists} finalists raced in turn, "
+          f"alpha {alpha:g})")
+    print(f"  {admitted} finalist(s) at alpha {alpha:g} / {admitted} each: {plan.sentence()}")
     return 0

@@ -41,7 +41,8 @@ from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.judges.calibration import equivalence_agreement
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.search.budget import Budget
-from promptdistill.search.racing import Candidate, RaceSettings, paired_mean, plan_from_screen, race, screen, select
+from promptdistill.search.racing import (Candidate, RaceSettings, paired_mean, plan_from_screen, screen, screen_then_race,
+                                         select)
 from promptdistill.search.references import fill_references
 from promptdistill.search.splits import Splits, split_records
 from promptdistill.specs.model import Spec
@@ -268,20 +269,21 @@ class _Run:
                 best = step
             else:
                 stop = f"max_rounds ({self.config.max_rounds}) reached"
+        log.info("search stopped (%s) after %d LM calls", stop, self.meter.calls)
         if self.config.race:
-            finalists = self.screen(self.candidates[1:], every=self.config.screen_every) \
-                if self.original.screen is not None else []
+            finalists, plan = screen_then_race(
+                self.original, self.candidates[1:], self.splits.screen, self.splits.certify, self.evaluate,
+                budget=self.budget, settings=self.settings, resolution=_exact, calls_per_record=self.per_record,
+                every=self.config.screen_every, log=log.info) if self.original.screen is not None else ([], None)
+            plan = plan or self.plan([])
+            log.info("%s", plan.sentence())
+            winner, reason = select(self.original, finalists, resolution=_exact)
         else:
             # The optimizer screens the variants itself, with its example settings: hand over
             # every candidate, shortest first, without spending records on them here.
             finalists = sorted(self.candidates[1:], key=lambda c: (c.instruction_tokens, c.id))
-        plan = self.plan(finalists)
-        log.info("search stopped (%s) after %d LM calls; %s", stop, self.meter.calls, plan.sentence())
-        if self.config.race:
-            race(self.original, finalists, self.splits.certify, self.evaluate, budget=self.budget,
-                 settings=self.settings, resolution=_exact, calls_per_record=self.per_record, log=log.info)
-            winner, reason = select(self.original, finalists, resolution=_exact)
-        else:
+            plan = self.plan(finalists)
+            log.info("%s", plan.sentence())
             winner, reason = self.original, (f"not raced here: the {len(finalists)} finalist(s) go to the optimizer, "
                                              "which races them against the baseline")
         search_calls = self.meter.calls

@@ -46,7 +46,7 @@ from promptdistill.optimize.predict import predict_candidate, prefix_block_token
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
 from promptdistill.optimize.variants import instruction_variants
 from promptdistill.search.budget import Budget
-from promptdistill.search.racing import Candidate, RaceSettings, race, screen, select
+from promptdistill.search.racing import Candidate, RaceSettings, screen, screen_then_race, select
 from promptdistill.search.references import fill_references
 from promptdistill.search.racing import plan_from_screen
 from promptdistill.search.sequential import Plan
@@ -343,18 +343,15 @@ class OptimizeRun:
                 cand.notes.append(f"misses the SLO: predicted {self.rule.ttft} TTFT {cand.cost:.0f} ms > {slo:g} ms")
             else:
                 eligible.add(id(cand))
-        self.finalists = self.screen(runnable, keep=self.rule.finalists, eligible=lambda c: id(c) in eligible,
-                                     every=self.budget.screen_every)
         if self.baseline.screen is None:
             self.kept_reason = self.search_budget.reason or "the baseline could not be screened"
             return
-        self.kept_reason = unmeasured_quality(self.baseline.screen.scores)
-        if self.kept_reason:
-            self.finalists = []
-            return
-        self.plan = self.make_plan()
-        race(self.baseline, self.finalists, self.splits.certify, self.evaluate, budget=self.search_budget,
-             settings=self.settings, resolution=self.resolution, calls_per_record=self.per_record)
+        self.finalists, self.plan = screen_then_race(
+            self.baseline, runnable, self.splits.screen, self.splits.certify, self.evaluate,
+            budget=self.search_budget, settings=self.settings, resolution=self.resolution,
+            calls_per_record=self.per_record, eligible=lambda c: id(c) in eligible, every=self.budget.screen_every)
+        if self.plan is None:
+            self.plan = self.make_plan()
 
     def block_aligned(self, cands: Sequence[ExampleCandidate]) -> list[ExampleCandidate]:
         """Per pruned candidate, the variant with one pruned clause restored whose predicted
@@ -390,7 +387,7 @@ class OptimizeRun:
         return out
 
     def make_plan(self) -> Plan:
-        """What the certify pool can decide, at a discordance the screen records cannot rule out."""
+        """What the certify pool can decide without a finalist (the discordance assumed)."""
         return plan_from_screen(self.baseline, self.finalists, pool=len(self.splits.certify), settings=self.settings)
 
     def select(self) -> tuple[ExampleCandidate, str]:

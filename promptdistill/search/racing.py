@@ -16,19 +16,24 @@ search this way; only their candidates, their evaluation and their cost differ.
    what to race: it never certifies. With ``every=False`` (the optimizer's default) it
    screens cheapest first and stops once no candidate left could be a finalist whatever
    its quality: the same finalists for fewer LM calls.
-2. **Race** (:func:`race`): the baseline and the finalists on growing batches of the
+2. **Race** (:func:`race`, :func:`screen_then_race`): the finalists one at a time, in
+   the order selection prefers them, each against the baseline on growing batches of the
    certify records (``looks``: 50, 100, 200, ... up to the pool, planned before any
    record is scored). After each batch the test for the metric's kind of score
    (:mod:`promptdistill.search.sequential`: group-sequential for discrete scores, an
-   anytime-valid confidence sequence for continuous ones) decides each finalist:
-   ``non-inferior`` (a drop of ``margin`` or more ruled out), ``inferior`` (a drop of less
-   than ``margin`` ruled out), or it goes on; when the pool is exhausted it is
-   ``undecided`` (never published as a win). A finalist that could no longer win (a
-   certified rival would be selected over it) stops. The error rate: each finalist is
-   tested at ``alpha / finalists`` (Bonferroni over the finalists, which were chosen on
-   other records), and each test holds over all of its looks, so the chance that *any*
-   finalist is certified non-inferior while it is worse than the margin is at most
-   ``alpha`` (docs/decisions.md).
+   anytime-valid confidence sequence for continuous ones) decides: ``non-inferior`` (a
+   drop of ``margin`` or more ruled out), ``inferior`` (a drop of less than ``margin``
+   ruled out), ``stopped`` for futility, or it goes on; when the pool is exhausted it is
+   ``undecided`` (never published as a win). The next finalist is screened for and raced
+   (on the same certify records, the baseline's scores reused) only when the one before
+   ended without being certified; the first certified ends the race. How many may be
+   raced (``k``, at most ``finalists``) is fixed from the first finalist's screen before
+   any certify record is scored (:func:`admitted_finalists`: the most for which the
+   first keeps 80% power at ``alpha / k``, with ``FALLBACK_SLACK``). The error rate:
+   each finalist is tested at ``alpha / k`` (Bonferroni over the finalists, which were
+   chosen on other records), and each test holds over all of its looks, so the chance
+   that *any* finalist is certified non-inferior while it is worse than the margin is at
+   most ``alpha`` (docs/decisions.md).
 3. **Select** (:func:`select`), the one rule every stage uses:
 
    a. *faster*: a certified candidate whose cost is lower than the baseline's by more
@@ -82,10 +87,13 @@ __all__ = [
     "TIE_MAX_SLOWDOWN",
     "can_beat",
     "looks",
+    "admitted_finalists",
+    "plan_finalists",
     "plan_from_screen",
     "preference_order",
     "race",
     "screen",
+    "screen_then_race",
     "select",
 ]
 
@@ -106,6 +114,11 @@ FASTER, TIE, KEPT = "faster", "tie, no worse", "kept"
 SCREEN_Z = float(norm.ppf(0.80))
 """The screen's one-sided 80% bound: a candidate is screened out as worse than the margin
 only when the upper bound of its paired difference is below ``-margin``."""
+FALLBACK_SLACK = 0.2
+"""A race admits fallback finalists (splitting alpha) only while its first one keeps 80%
+power for a candidate a fifth of the margin worse than the baseline: at 20% discordant
+pairs and a 0.05 margin, a tie needs ~525 of 984 records at alpha 0.05, a candidate 0.01
+worse ~(0.05 / 0.04)^2 as many, ~820."""
 TIE_MAX_SLOWDOWN = 0.05
 """Within the resolution, a candidate whose cost is more than 5% above the baseline's
 never replaces it: a tie may not hide a slowdown a service would notice."""
@@ -120,7 +133,7 @@ class RaceSettings:
     alpha: float = 0.1
     """Chance of certifying any finalist that is worse than the margin (family-wise)."""
     finalists: int = 3
-    """Most candidates raced after screening (alpha is split among them)."""
+    """Most candidates raced in turn after screening (alpha is split among those the plan admits)."""
     first_look: int = 50
     """Certify records of the first look; each later look doubles it, up to the pool."""
     discrete: bool = True
@@ -367,70 +380,92 @@ def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Re
             f"{screen_upper(cand, base):+.3f}, is below -{margin:g}")
 
 
+def plan_finalists(baseline: Candidate, first: Candidate, *, pool: int, settings: RaceSettings) -> tuple[int, Plan]:
+    """:func:`admitted_finalists` at the discordance ``first``'s screen records cannot rule out."""
+    discordance, basis = _screen_discordance(baseline, [first])
+    return admitted_finalists(pool, discordance=discordance, settings=settings, basis=basis)
+
+
+def admitted_finalists(pool: int, *, discordance: float, settings: RaceSettings, basis: str = "") -> tuple[int, Plan]:
+    """How many finalists a race may test in turn (``k``, each at ``alpha / k``), and its plan.
+
+    The most, up to ``settings.finalists``, whose share of alpha still leaves the first one
+    80% power at ``discordance`` for a candidate ``FALLBACK_SLACK`` of the margin worse than
+    the baseline (a pruned prompt is seldom an exact tie); at least one, which then keeps
+    all of alpha. The race fixes ``k`` from the screen records before any certify record is
+    scored, so each finalist's share of alpha is fixed too. A spec whose pool has room
+    spends it on fallbacks (a second finalist when the first fails); one near the edge
+    keeps alpha for one.
+    """
+    for k in range(settings.finalists, 0, -1):
+        plan = plan_records(pool, discordance=discordance, margin=settings.margin, alpha=settings.alpha / k,
+                            discrete=settings.discrete, first_look=settings.first_look, basis=basis)
+        if k == 1 or plan.certifiable_margin <= (1.0 - FALLBACK_SLACK) * settings.margin:
+            return k, plan
+    raise AssertionError("unreachable: k == 1 always returns")
+
+
 def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
          budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
-         log: Callable[[str], None] = lambda message: None) -> None:
-    """Race ``finalists`` against ``baseline`` on ``records``; sets each finalist's ``decision``.
+         log: Callable[[str], None] = lambda message: None, alpha_each: float | None = None) -> None:
+    """Race ``finalists`` against ``baseline`` on ``records`` in turn; sets each one's ``decision``.
 
-    The looks are planned from ``len(records)`` before any record is scored; a look runs
-    only when the budget (LM calls, then the wall-clock cap) covers it. A race the budget
-    cuts short says so, with the records it reached.
+    One at a time, in the order given (selection's preference): the next only when the one
+    before ended without being certified (inferior, futile or undecided at the pool's end),
+    on the same certify records (the baseline's scores are reused). The first certified
+    ends the race: a later finalist could only be selected over it by a quality tie-break.
+    Each is tested at ``alpha_each`` (default ``alpha / len(finalists)``). The looks are
+    planned from ``len(records)`` before any record is scored; a look runs only when the
+    budget (LM calls, then the wall-clock cap) covers it. A race the budget cuts short
+    says so, with the records it reached.
     """
-    if not finalists:
-        return
-    alpha_each = settings.alpha / len(finalists)
-    test = make_test(discrete=settings.discrete, pool=len(records), alpha=alpha_each, first_look=settings.first_look)
-    alive = list(finalists)
-    seen = 0
-    for size in looks(len(records), first=settings.first_look):
-        alive = [c for c in alive if _still_useful(c, baseline, finalists, resolution)]
-        if not alive:
-            break
-        new = records[seen:size]
-        need_base = baseline.raced is None or baseline.raced.n < size
-        n_eval = len(alive) + int(need_base)
-        can = budget.affordable(n_eval, calls_per_record * len(new), "race evaluations")
-        if can < n_eval:
-            if can - int(need_base) <= 0:
-                break
-            alive = sorted(alive, key=lambda c: c.cost)[: can - int(need_base)]
-        _evaluate(([baseline] if need_base else []) + alive, new, "raced", evaluate)
-        seen = size
-        for cand in alive:
-            cand.decision = _decide(cand, baseline, settings.margin, alpha_each, test, final=False)
-        alive = [c for c in alive if c.decision.verdict == UNDECIDED]
-        log(f"race: {size} of {len(records)} certify records; " + "; ".join(
-            f"{c.id} {c.decision.verdict} [{format_number(c.decision.lower, '+.3f')}, {format_number(c.decision.upper, '+.3f')}]" for c in finalists
-            if c.raced is not None))
-    cut = f"{budget.reason} after {seen} of {len(records)} certify records" if budget.reason else None
+    alpha = settings.alpha / max(1, len(finalists)) if alpha_each is None else alpha_each
+    test = make_test(discrete=settings.discrete, pool=len(records), alpha=alpha, first_look=settings.first_look)
+    ended: str | None = None
+    """Why no later finalist is raced."""
     for cand in finalists:
-        if cand.raced is None:
-            if not records:
-                why = "not raced: no certify records (the dev split has only screen records)"
-            elif not _still_useful(cand, baseline, finalists, resolution):
-                why = "not raced: a certified rival would be selected over it"
-            else:
-                why = f"not raced: {cut or 'budget'}"
-            cand.decision = Decision(NOT_RACED, alpha=alpha_each, reason=why)
-        elif cand.decision.verdict == UNDECIDED:
-            if not _still_useful(cand, baseline, finalists, resolution):
-                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, test, final=True, stopped=True)
-            else:
-                exhausted = cand.raced.n >= len(records)
-                cand.decision = _decide(cand, baseline, settings.margin, alpha_each, test, final=True,
-                                        budget_cut=None if exhausted else cut or "budget")
+        if not records:
+            ended = "no certify records (the dev split has only screen records)"
+        if ended:
+            cand.decision = Decision(NOT_RACED, alpha=alpha, reason=f"not raced: {ended}")
+            continue
+        _race_one(baseline, cand, records, evaluate, budget=budget, settings=settings, test=test, alpha=alpha,
+                  calls_per_record=calls_per_record, log=log)
+        if cand.decision.certified:
+            ended = f"{cand.id}, raced before it, was certified"
+        elif cand.raced is None or cand.raced.n < len(records) and cand.decision.verdict == UNDECIDED:
+            ended = budget.reason or "budget"
 
 
-def _still_useful(cand: Candidate, baseline: Candidate, finalists: Sequence[Candidate], resolution: Resolution) -> bool:
-    """False once a certified finalist (or the baseline) would be selected over ``cand``
-    whatever the qualities: one that is cheaper beyond the resolution."""
-    rivals = [c for c in finalists if c is not cand and c.decision.certified]
-    return (can_beat(cand, baseline, resolution, best_is_baseline=True)
-            and all(can_beat(cand, r, resolution) for r in rivals))
+def _race_one(baseline: Candidate, cand: Candidate, records: Sequence[Record], evaluate: Evaluate, *,
+              budget: Budget, settings: RaceSettings, test: Any, alpha: float, calls_per_record: int,
+              log: Callable[[str], None]) -> None:
+    """One finalist against the baseline, look by look, until its test decides or the records or budget end."""
+    seen = 0
+    cand.decision = Decision(UNDECIDED, alpha=alpha)
+    for size in looks(len(records), first=settings.first_look):
+        new = records[seen:size]
+        todo = ([baseline] if baseline.raced is None or baseline.raced.n < size else []) + [cand]
+        if budget.affordable(len(todo), calls_per_record * len(new), "race evaluations") < len(todo):
+            break
+        _evaluate(todo, new, "raced", evaluate)
+        seen = size
+        cand.decision = _decide(cand, baseline, settings.margin, alpha, test, final=False)
+        d = cand.decision
+        log(f"race: {cand.id}: {size} of {len(records)} certify records; {d.verdict} "
+            f"[{format_number(d.lower, '+.3f')}, {format_number(d.upper, '+.3f')}]")
+        if d.verdict != UNDECIDED:
+            return
+    if cand.raced is None:
+        cand.decision = Decision(NOT_RACED, alpha=alpha, reason=f"not raced: {budget.reason or 'budget'}")
+        return
+    exhausted = cand.raced.n >= len(records)
+    cut = None if exhausted else f"{budget.reason or 'budget'} after {seen} of {len(records)} certify records"
+    cand.decision = _decide(cand, baseline, settings.margin, alpha, test, final=True, budget_cut=cut)
 
 
 def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, test: Any, *, final: bool,
-            stopped: bool = False, budget_cut: str | None = None) -> Decision:
+            budget_cut: str | None = None) -> Decision:
     diffs = paired_diffs(cand.raced.scores, baseline.raced.scores[: cand.raced.n])
     n = int(diffs.size)
     if n == 0:
@@ -449,13 +484,50 @@ def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, t
                         f"ruled out by the last look if the trend so far continues; bounds {bounds}")
     if not final:
         return Decision(UNDECIDED, n, mean, lo, hi, alpha, f"undecided so far: bounds {bounds}")
-    if stopped:
-        why = "stopped: a certified rival would be selected over it"
-    elif budget_cut:
-        why = f"undecided: {budget_cut}"
-    else:
-        why = "undecided: the certify pool is exhausted"
-    return Decision(STOPPED if stopped else UNDECIDED, n, mean, lo, hi, alpha, f"{why}; bounds {bounds}")
+    why = f"undecided: {budget_cut}" if budget_cut else "undecided: the certify pool is exhausted"
+    return Decision(UNDECIDED, n, mean, lo, hi, alpha, f"{why}; bounds {bounds}")
+
+
+def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], screen_records: Sequence[Record],
+                     certify_records: Sequence[Record], evaluate: Evaluate, *, budget: Budget, settings: RaceSettings,
+                     resolution: Resolution, calls_per_record: int = 1,
+                     eligible: Callable[[Candidate], bool] | None = None, every: bool = True,
+                     log: Callable[[str], None] = lambda message: None) -> tuple[list[Candidate], Plan | None]:
+    """Screen for the first finalist, plan, and race finalists in turn; returns those raced and the plan.
+
+    :func:`plan_finalists` fixes from the first finalist's screen how many may be raced
+    (``k``, each at ``alpha / k``). The next finalist is screened for only when the one
+    before failed, so a race whose first finalist is certified screens no more than it
+    would for one. Which candidate is the i-th finalist depends on the screen records only
+    (a screen the budget cut short ends the race), so the family-wise error rate is at
+    most ``k * alpha / k = alpha`` (docs/decisions.md).
+    """
+    def finalists(keep: int) -> list[Candidate]:
+        return screen(baseline, candidates, screen_records, evaluate, budget=budget, settings=settings,
+                      resolution=resolution, calls_per_record=calls_per_record, keep=keep, eligible=eligible,
+                      every=every)
+
+    found = finalists(1)
+    if not found:
+        return [], None
+    k, plan = plan_finalists(baseline, found[0], pool=len(certify_records), settings=settings)
+    raced: list[Candidate] = []
+    for i in range(k):
+        if i:
+            if budget.reason:
+                break
+            found = finalists(i + 1)
+            if budget.reason:  # a finalist from a screen the budget cut short is not raced
+                break
+        nxt = next((c for c in found if c not in raced), None)
+        if nxt is None:
+            break
+        raced.append(nxt)
+        race(baseline, [nxt], certify_records, evaluate, budget=budget, settings=settings, resolution=resolution,
+             calls_per_record=calls_per_record, log=log, alpha_each=settings.alpha / k)
+        if nxt.decision.certified:
+            break
+    return raced, plan
 
 
 def quality_gap(cand: Candidate, baseline: Candidate) -> float | None:
@@ -529,10 +601,18 @@ def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: 
 
 def plan_from_screen(baseline: Candidate, finalists: Sequence[Candidate], *, pool: int,
                      settings: RaceSettings) -> Plan:
-    """What a race of ``pool`` certify records can decide for these finalists: planned at
-    the upper 90% bound of the discordance their screen records show (the squared paired
-    differences' mean: the share of discordant pairs for 0/1 scores), never at its point
-    estimate, so a quiet screen does not promise a cheap race."""
+    """What a race of ``pool`` certify records can decide for these finalists, each tested at
+    ``alpha / len(finalists)``, at the discordance their screen records cannot rule out."""
+    discordance, basis = _screen_discordance(baseline, finalists)
+    return plan_records(pool, discordance=discordance, margin=settings.margin,
+                        alpha=settings.alpha / max(1, len(finalists)), discrete=settings.discrete,
+                        first_look=settings.first_look, basis=basis)
+
+
+def _screen_discordance(baseline: Candidate, finalists: Sequence[Candidate]) -> tuple[float, str]:
+    """The upper 90% bound of the discordance the finalists' screen records show (the squared
+    paired differences' mean: the share of discordant pairs for 0/1 scores), never its point
+    estimate, so a quiet screen does not promise a cheap race; and where it comes from."""
     squares: list[float] = []
     if baseline.screen is not None:
         for cand in finalists:
@@ -540,11 +620,6 @@ def plan_from_screen(baseline: Candidate, finalists: Sequence[Candidate], *, poo
                 squares += (paired_diffs(cand.screen.scores, baseline.screen.scores[: cand.screen.n]) ** 2).tolist()
     bound = discordance_upper_bound(sum(squares), len(squares))
     if bound is None:
-        discordance, basis = PlanAssumption.discordance, "assumed: no screen pairs"
-    else:
-        discordance = bound
-        basis = (f"the upper {PLAN_CONFIDENCE:.0%} bound from {sum(squares):.3g} discordance in "
-                 f"{len(squares)} screen pairs")
-    return plan_records(pool, discordance=discordance, margin=settings.margin,
-                        alpha=settings.alpha / max(1, len(finalists)), discrete=settings.discrete,
-                        first_look=settings.first_look, basis=basis)
+        return PlanAssumption.discordance, "assumed: no screen pairs"
+    return bound, (f"the upper {PLAN_CONFIDENCE:.0%} bound from {sum(squares):.3g} discordance in "
+                   f"{len(squares)} screen pairs")
