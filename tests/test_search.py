@@ -887,9 +887,10 @@ def test_race_under_a_budget_says_the_budget_ended_it_and_races_no_one_after():
     assert a.decision.reason.startswith(f"undecided: {reason} after 100 of 200 certify records; bounds")
     assert b.decision == Decision("not raced", alpha=0.05, reason=f"not raced: {reason}")
     winner, why = select(base, [a, b], resolution=EXACT)
-    assert winner is base and why == (f"kept: no candidate certified non-inferior (undecided: {reason} after 100 of "
+    assert winner is base and why == (f"kept: no candidate certified non-inferior (a: undecided: {reason} after 100 of "
                                       f"200 certify records; bounds [{a.decision.lower:+.3f}, {a.decision.upper:+.3f}] "
-                                      "after 100 records (group-sequential, alpha 0.05)); keeping the baseline")
+                                      f"after 100 records (group-sequential, alpha 0.05); b: not raced: {reason}); "
+                                      "keeping the baseline")
 
 
 def test_a_finalist_cut_by_the_budget_at_the_last_look_says_so():
@@ -929,6 +930,12 @@ def test_select_keeps_the_baseline_when_nothing_is_certified():
     winner, reason = select(base, [undecided], resolution=EXACT)
     assert winner is base and reason == "kept: no candidate certified non-inferior; keeping the baseline"
     assert select(base, [], resolution=EXACT)[0] is base
+    # A finalist that was raced and failed says how, in numbers.
+    stopped = cand("s", 10.0)
+    stopped.raced = fake_report("s", [0.0] * 4)
+    stopped.decision = Decision("stopped", 400, -0.08, -0.126, -0.021, 0.1, "stopped for futility: bounds [...]")
+    assert select(base, [stopped, undecided], resolution=EXACT)[1] == (
+        "kept: no candidate certified non-inferior (s: stopped for futility: bounds [...]); keeping the baseline")
 
 
 def test_select_takes_the_lowest_cost_certified_candidate():

@@ -576,10 +576,12 @@ def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: 
     the rule that decided (see the module docstring), in numbers."""
     certified = [c for c in candidates if c.decision.certified]
     if not certified:
-        undecided = [c.decision.reason for c in candidates if c.decision.verdict in (UNDECIDED, NOT_RACED)]
-        cut = next((r for r in undecided if "budget" in r or "cap" in r), None)
-        why = "no candidate certified non-inferior"
-        return baseline, f"{KEPT}: {why}{f' ({cut})' if cut else ''}; keeping the baseline"
+        # What each raced finalist's test said (a futility stop after 400 records is not
+        # "nothing happened"), and a race the budget cut short.
+        said = [f"{c.id}: {c.decision.reason}" for c in candidates if c.raced is not None
+                or c.decision.verdict == NOT_RACED and any(w in c.decision.reason for w in ("budget", "cap"))]
+        shown = f" ({'; '.join(said)})" if said else ""
+        return baseline, f"{KEPT}: no candidate certified non-inferior{shown}; keeping the baseline"
     faster = [c for c in certified if _faster(c, baseline, resolution)]
     if faster:
         best = _preferred(faster, resolution, baseline)
