@@ -93,9 +93,9 @@ RATIO_FIELDS = ("lm_calls", "tokens_processed", "search_tokens", "computed_token
                 "ttft_warm_ms")
 # What would cut a phase's tokens (the report names the phases that spend the most).
 PHASE_LEVERS = {
-    "race": "the baseline and every finalist are scored at each look of the certify records, so it scales with "
-            "(finalists + 1) x the records an undecided race reaches: racing one finalist, or a smaller pool "
-            "(dev_size) when the plan says it cannot certify anyway, cuts it",
+    "race": "the baseline and each finalist raced (in turn, the next only when the one before failed) are scored "
+            "at each look of the certify records, so it scales with the records an undecided race reaches: a "
+            "smaller pool (dev_size) when the plan says it cannot certify anyway cuts it",
     "test verification": "the baseline and the winner are each scored on every test record: scoring only the "
                          "winner (reusing the baseline's scores from an earlier night on the same template, engine "
                          "and records) would halve it; it scales with test_size",

@@ -138,8 +138,7 @@ def test_screening_only_what_could_be_chosen_changes_no_choice_and_saves_calls(t
                            config=small(max_rounds=2, calibrate=False, thresholds=(0.25, 0.5, 0.75),
                                         screen_every=every)) for every in (True, False)}
     every, lazy = runs[True], runs[False]
-    # The first finalist raced is certified, which ends the race.
-    assert lazy.winner.id == every.winner.id and lazy.finalists == every.finalists == [lazy.winner.id]
+    assert lazy.winner.id == every.winner.id and len(lazy.finalists) == 3 and lazy.finalists == every.finalists
     assert lazy.reason == every.reason and lazy.rounds == every.rounds
     assert [(r["round"], r["clause_id"], r["kept"]) for r in lazy.clause_rows] == \
         [(r["round"], r["clause_id"], r["kept"]) for r in every.clause_rows]

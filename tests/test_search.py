@@ -772,12 +772,12 @@ def test_race_decides_clear_cases_early_and_races_the_next_finalist_only_after_o
 
 def test_race_ends_at_the_first_certified_finalist():
     """The finalists come in selection's order, so a later one could win only by a quality
-    tie-break: none is raced once one is certified."""
+    tie-break: none is raced once one selection would take is certified."""
     cheap, pricey = cand("cheap", 10.0), cand("pricey", 50.0)
     _, ev = run_race([cheap, pricey], {"cheap": [1.0] * N_POOL, "pricey": [1.0] * N_POOL})
     assert (cheap.decision.verdict, cheap.decision.n) == ("non-inferior", 100)
     assert pricey.decision == Decision("not raced", alpha=0.05,
-                                       reason="not raced: cheap, raced before it, was certified")
+                                       reason="not raced: cheap, raced before it, was certified and would be selected")
     assert ev.evaluated("pricey") == 0 and len(ev.calls) == 2
 
 
@@ -844,6 +844,72 @@ def test_screen_then_race_screens_for_the_next_finalist_only_when_one_fails():
     assert (c2.decision.verdict, c2.decision.n) == ("non-inferior", 100)
     assert select(base, raced, resolution=EXACT)[0] is c2
     assert len(lines) == 4
+
+
+def fallback_setup(first_certify: list[float], *, costs=(100.0, 109.0, 118.0), second=(-1, +1)):
+    """A baseline (cost 200) and three candidates on 16 screen + 984 certify records: ``a``
+    ties on the screen and scores ``first_certify`` after; ``b`` and ``e`` screen ``second``
+    records net away from the baseline (-1, 0 or +1) and match it on the certify records."""
+    base_scores = [float(i % 2 == 0) for i in range(1000)]
+
+    def nudged(sign: int) -> list[float]:
+        out = list(base_scores)
+        if sign:
+            j = 1 if sign > 0 else 0  # record 1 (baseline 0) up, record 0 (baseline 1) down
+            out[j] = 1.0 - out[j]
+        return out
+
+    scores = {"baseline": base_scores, "a": base_scores[:16] + first_certify, "b": nudged(second[0]),
+              "e": nudged(second[1])}
+    recs = numbered_records(1000)
+    cands = [cand(cid, cost) for cid, cost in zip("abe", costs)]
+    return cand("baseline", 200.0, static=300), cands, recs[:16], recs[16:], FakeEvaluator(scores)
+
+
+def worse_on(share: int) -> list[float]:
+    """The baseline's certify scores, with one record in ``share`` (where it scores 1) turned to 0."""
+    return [0.0 if i % share == 0 else float(i % 2 == 0) for i in range(16, 1000)]
+
+
+def test_the_next_finalist_does_not_depend_on_how_the_first_failed():
+    """With a relative resolution (10% of the dearer cost) ties are not transitive: a (100)
+    ties b (109), b ties e (118), a does not tie e. Ranked by screen quality the order is
+    a, e, b, however a scores on the certify records. Ranked by a's certify scores (as
+    before the fix) it was b after a bad failure (-0.5), e after a mild one (-0.04)."""
+    tenth = lambda x, y: 0.1 * max(x.cost, y.cost)  # noqa: E731
+    seconds = []
+    for first in ([0.0] * 984, worse_on(26)):
+        base, cands, screen_recs, certify, ev = fallback_setup(first)
+        raced, plan = screen_then_race(base, cands, screen_recs, certify, ev, budget=Budget(FakeMeter(), **GENEROUS),
+                                       settings=RaceSettings(margin=0.05, alpha=0.1, finalists=3), resolution=tenth,
+                                       every=False)
+        assert raced[0].id == "a" and not raced[0].decision.certified and plan.alpha == pytest.approx(0.1 / 3)
+        seconds.append(raced[1].id)
+    assert seconds == ["e", "e"]
+
+
+def test_a_budget_refusal_before_the_race_does_not_stop_the_fallbacks():
+    base, cands, screen_recs, certify, ev = fallback_setup([0.0] * 984)
+    budget = Budget(FakeMeter(), **GENEROUS)
+    assert budget.affordable(2, 10**10, "example sets") == 0 and budget.reason  # an earlier step was cut
+    raced, plan = screen_then_race(base, cands, screen_recs, certify, ev, budget=budget,
+                                   settings=RaceSettings(margin=0.05, alpha=0.1, finalists=3), resolution=EXACT,
+                                   every=False)
+    assert [c.id for c in raced] == ["a", "b"] and raced[1].decision.certified and plan.alpha < 0.1
+
+
+def test_a_certified_finalist_selection_would_not_take_does_not_end_the_race():
+    """a is within the resolution of the baseline's cost (a tie) and certified, but below the
+    baseline's quality on the certify records, so selection keeps the baseline: the next
+    finalist, as good as the baseline, is raced and wins the tie."""
+    base, cands, screen_recs, certify, ev = fallback_setup(worse_on(40), costs=(199.0, 199.5, 199.8), second=(0, 0))
+    five = lambda x, y: 5.0  # noqa: E731
+    raced, _ = screen_then_race(base, cands, screen_recs, certify, ev, budget=Budget(FakeMeter(), **GENEROUS),
+                                settings=RaceSettings(margin=0.1, alpha=0.1, finalists=3), resolution=five,
+                                every=False)
+    assert [c.id for c in raced] == ["a", "b"] and all(c.decision.certified for c in raced)
+    winner, why = select(base, raced, resolution=five)
+    assert winner is raced[1] and why.startswith("tie, no worse: b")
 
 
 def test_screen_then_race_with_one_admitted_finalist_races_no_fallback():

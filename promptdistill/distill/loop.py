@@ -12,10 +12,11 @@
 4. screen them on the screen records (:func:`promptdistill.search.racing.screen`); the
    best plausible shorter one is the next round's starting point.
 
-Then the finalists (the best screened candidates of every round) race the original on
-the certify records (:func:`promptdistill.search.racing.race`): a finalist wins only when
-it is certified non-inferior (anytime-valid bound, error rate ``alpha`` over the
-finalists); the shortest certified one is the winner, else the original is kept.
+Then the finalists (the best screened candidates of every round) race the original in
+turn on the certify records (:func:`promptdistill.search.racing.screen_then_race`): a
+finalist wins only when it is certified non-inferior (error rate ``alpha`` over the
+finalists raced); the shortest certified one is the winner, else the original is kept.
+The screen's top ``finalists`` are handed to the optimizer whether raced or not.
 Finally the original and the winner are evaluated on held-out test records.
 
 No step starts that could overrun the budget (LM calls, minutes). Every LM request
@@ -75,7 +76,8 @@ class DistillConfig:
                                              "slo.max_quality_drop")
     alpha: float = setting(0.1, "chance of certifying any finalist that is worse than the allowed drop",
                            above=0, below=0.5)
-    finalists: int = setting(3, "candidates raced on the certify records (alpha is split among them)", at_least=1)
+    finalists: int = setting(3, "candidates handed to the optimizer and, at most, raced in turn on the certify records "
+                                "(alpha is split among those the pool has room for)", at_least=1)
     first_look: int = setting(50, "certify records of the race's first look (then doubling)", at_least=1)
     # The nightly turns the race off: the optimizer races the same finalists (with its
     # example settings) against the same baseline, so a race here would spend the same records twice.
@@ -271,13 +273,16 @@ class _Run:
                 stop = f"max_rounds ({self.config.max_rounds}) reached"
         log.info("search stopped (%s) after %d LM calls", stop, self.meter.calls)
         if self.config.race:
-            finalists, plan = screen_then_race(
+            raced, plan = screen_then_race(
                 self.original, self.candidates[1:], self.splits.screen, self.splits.certify, self.evaluate,
                 budget=self.budget, settings=self.settings, resolution=_exact, calls_per_record=self.per_record,
                 every=self.config.screen_every, log=log.info) if self.original.screen is not None else ([], None)
             plan = plan or self.plan([])
             log.info("%s", plan.sentence())
-            winner, reason = select(self.original, finalists, resolution=_exact)
+            winner, reason = select(self.original, raced, resolution=_exact)
+            # Handed to the optimizer: the screen's top finalists, raced or not (the raced first).
+            finalists = self.screen(self.candidates[1:], every=self.config.screen_every) \
+                if self.original.screen is not None else []
         else:
             # The optimizer screens the variants itself, with its example settings: hand over
             # every candidate, shortest first, without spending records on them here.

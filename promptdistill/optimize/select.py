@@ -58,8 +58,8 @@ class SelectionRule:
                                        f"else {ASSUMED_WARM_SHARE:g} (assumed)", at_least=0, at_most=1)
     alpha: float = setting(0.1, "chance of certifying any finalist whose quality drop exceeds the allowed one",
                            above=0, below=0.5)
-    finalists: int = setting(3, "candidates raced on the certify records after screening (alpha is split among "
-                             "them)", at_least=1)
+    finalists: int = setting(3, "most candidates raced in turn on the certify records after screening (alpha is "
+                             "split among those the pool has room for)", at_least=1)
     first_look: int = setting(50, "certify records of the race's first look (then doubling up to the pool)",
                               at_least=1)
     # Their template needs the caller to retrieve examples for every request, so by default

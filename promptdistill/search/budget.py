@@ -43,6 +43,9 @@ class Budget:
         self.reserved_calls = reserved_calls
         self.clock = clock or (lambda: time.monotonic())  # looked up at each call, so a test may patch it
         self.reason: str | None = None
+        self.refusals = 0
+        """Steps refused so far (``reason`` keeps only the first): a caller tells whether its
+        own step was cut by comparing the count before and after."""
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -75,13 +78,16 @@ class Budget:
         calls_each = max(1, calls_each)
         by_calls = max(0, self.calls_left // calls_each)
         if self.clock() > self.deadline:
+            self.refusals += 1
             if self.reason is None:
                 self.reason = (f"stopped by the {self.max_minutes:g}-minute cap ({self.pace_s:.2f} s per LM call) "
                                f"before {n_items} {what}")
             return 0
         can = min(n_items, by_calls)
-        if can < n_items and self.reason is None:
-            self.reason = f"budget: LM calls ({self.max_calls}) allowed {can} of {n_items} {what}"
+        if can < n_items:
+            self.refusals += 1
+            if self.reason is None:
+                self.reason = f"budget: LM calls ({self.max_calls}) allowed {can} of {n_items} {what}"
         return can
 
     def afford(self, calls: int, what: str) -> bool:

@@ -25,8 +25,11 @@ search this way; only their candidates, their evaluation and their cost differ.
    drop of ``margin`` or more ruled out), ``inferior`` (a drop of less than ``margin``
    ruled out), ``stopped`` for futility, or it goes on; when the pool is exhausted it is
    ``undecided`` (never published as a win). The next finalist is screened for and raced
-   (on the same certify records, the baseline's scores reused) only when the one before
-   ended without being certified; the first certified ends the race. How many may be
+   (on the same certify records, the baseline's scores reused) only while selection would
+   keep the baseline (the finalists before were not certified, or a certified one is no
+   faster and below the baseline's quality); a winner ends the race. Screening ranks by
+   the screen records alone, so which candidate is the next finalist never depends on the
+   certify records. How many may be
    raced (``k``, at most ``finalists``) is fixed from the first finalist's screen before
    any certify record is scored (:func:`admitted_finalists`: the most for which the
    first keeps 80% power at ``alpha / k``, with ``FALLBACK_SLACK``). The error rate:
@@ -114,6 +117,8 @@ FASTER, TIE, KEPT = "faster", "tie, no worse", "kept"
 SCREEN_Z = float(norm.ppf(0.80))
 """The screen's one-sided 80% bound: a candidate is screened out as worse than the margin
 only when the upper bound of its paired difference is below ``-margin``."""
+SCREEN_ONLY = ("screen",)
+"""Screening ranks by the screen records alone."""
 FALLBACK_SLACK = 0.2
 """A race admits fallback finalists (splitting alpha) only while its first one keeps 80%
 power for a candidate a fifth of the margin worse than the baseline: at 20% discordant
@@ -308,7 +313,10 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
         return []
     screened = [c for c in candidates if c.screen is not None and c.screen.n >= n]
     tiers = {id(c): _screen_tier(c, baseline, settings.margin, resolution) for c in screened}
-    finalists = preference_order([c for c in screened if tiers[id(c)] == 0 and can_final(c)], resolution, baseline)
+    # Screen quality only: a finalist raced before must not move on its certify scores, or the
+    # next finalist's identity would depend on the certify records (docs/decisions.md).
+    finalists = preference_order([c for c in screened if tiers[id(c)] == 0 and can_final(c)], resolution, baseline,
+                                 parts=SCREEN_ONLY)
     ranked = finalists + sorted((c for c in screened if c not in finalists),
                                 key=lambda c: (tiers[id(c)], -_screen_diff(c, baseline), c.id))
     for cand in ranked:
@@ -327,7 +335,8 @@ def _could_be_finalist(cand: Candidate, baseline: Candidate, contenders: Sequenc
     or none, so the contenders' order does not change without it)."""
     if not can_beat(cand, baseline, resolution, best_is_baseline=True):
         return False
-    return cand in preference_order([*contenders, cand], resolution, baseline, best_case=cand)[:limit]
+    return cand in preference_order([*contenders, cand], resolution, baseline, best_case=cand,
+                                    parts=SCREEN_ONLY)[:limit]
 
 
 def _screen_diff(cand: Candidate, base: Candidate) -> float:
@@ -410,10 +419,11 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
          log: Callable[[str], None] = lambda message: None, alpha_each: float | None = None) -> None:
     """Race ``finalists`` against ``baseline`` on ``records`` in turn; sets each one's ``decision``.
 
-    One at a time, in the order given (selection's preference): the next only when the one
-    before ended without being certified (inferior, futile or undecided at the pool's end),
-    on the same certify records (the baseline's scores are reused). The first certified
-    ends the race: a later finalist could only be selected over it by a quality tie-break.
+    One at a time, in the order given (selection's preference): the next only when selection
+    would still keep the baseline (the one before ended without being certified, or was
+    certified but is no faster and below the baseline's quality), on the same certify
+    records (the baseline's scores are reused). A certified finalist selection would take
+    ends the race: a later one could only be selected over it by a quality tie-break.
     Each is tested at ``alpha_each`` (default ``alpha / len(finalists)``). The looks are
     planned from ``len(records)`` before any record is scored; a look runs only when the
     budget (LM calls, then the wall-clock cap) covers it. A race the budget cuts short
@@ -423,17 +433,20 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
     test = make_test(discrete=settings.discrete, pool=len(records), alpha=alpha, first_look=settings.first_look)
     ended: str | None = None
     """Why no later finalist is raced."""
+    raced: list[Candidate] = []
     for cand in finalists:
         if not records:
             ended = "no certify records (the dev split has only screen records)"
         if ended:
             cand.decision = Decision(NOT_RACED, alpha=alpha, reason=f"not raced: {ended}")
             continue
+        refusals = budget.refusals
         _race_one(baseline, cand, records, evaluate, budget=budget, settings=settings, test=test, alpha=alpha,
                   calls_per_record=calls_per_record, log=log)
-        if cand.decision.certified:
-            ended = f"{cand.id}, raced before it, was certified"
-        elif cand.raced is None or cand.raced.n < len(records) and cand.decision.verdict == UNDECIDED:
+        raced.append(cand)
+        if cand.decision.certified and select(baseline, raced, resolution=resolution)[0] is not baseline:
+            ended = f"{cand.id}, raced before it, was certified and would be selected"
+        elif budget.refusals > refusals:
             ended = budget.reason or "budget"
 
 
@@ -496,11 +509,13 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
     """Screen for the first finalist, plan, and race finalists in turn; returns those raced and the plan.
 
     :func:`plan_finalists` fixes from the first finalist's screen how many may be raced
-    (``k``, each at ``alpha / k``). The next finalist is screened for only when the one
-    before failed, so a race whose first finalist is certified screens no more than it
-    would for one. Which candidate is the i-th finalist depends on the screen records only
-    (a screen the budget cut short ends the race), so the family-wise error rate is at
-    most ``k * alpha / k = alpha`` (docs/decisions.md).
+    (``k``, each at ``alpha / k``). The next finalist is screened for only when selection
+    would still keep the baseline (the one before failed, or was certified but is no
+    faster and below the baseline's quality), so a race whose first finalist wins screens
+    no more than it would for one. Which candidate is the i-th finalist depends on the
+    screen records only (screening ranks by screen quality; a screen or race the budget
+    cut short ends the race), so the family-wise error rate is at most ``k * alpha / k =
+    alpha`` (docs/decisions.md).
     """
     def finalists(keep: int) -> list[Candidate]:
         return screen(baseline, candidates, screen_records, evaluate, budget=budget, settings=settings,
@@ -513,11 +528,10 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
     k, plan = plan_finalists(baseline, found[0], pool=len(certify_records), settings=settings)
     raced: list[Candidate] = []
     for i in range(k):
+        refusals = budget.refusals
         if i:
-            if budget.reason:
-                break
             found = finalists(i + 1)
-            if budget.reason:  # a finalist from a screen the budget cut short is not raced
+            if budget.refusals > refusals:  # a finalist from a screen the budget cut short is not raced
                 break
         nxt = next((c for c in found if c not in raced), None)
         if nxt is None:
@@ -525,15 +539,15 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
         raced.append(nxt)
         race(baseline, [nxt], certify_records, evaluate, budget=budget, settings=settings, resolution=resolution,
              calls_per_record=calls_per_record, log=log, alpha_each=settings.alpha / k)
-        if nxt.decision.certified:
+        if budget.refusals > refusals or select(baseline, raced, resolution=resolution)[0] is not baseline:
             break
     return raced, plan
 
 
-def quality_gap(cand: Candidate, baseline: Candidate) -> float | None:
+def quality_gap(cand: Candidate, baseline: Candidate, parts: tuple[str, ...] = ("raced", "screen")) -> float | None:
     """Candidate minus baseline mean score on the records both were scored on: the certify
-    records when raced, else the screen records."""
-    for part in ("raced", "screen"):
+    records when raced, else the screen records (``parts``: which to look at, in order)."""
+    for part in parts:
         mine, theirs = getattr(cand, part), getattr(baseline, part)
         if mine is not None and theirs is not None:
             return paired_mean(mine, theirs)
@@ -541,31 +555,34 @@ def quality_gap(cand: Candidate, baseline: Candidate) -> float | None:
 
 
 def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Candidate | None,
-               best_case: Candidate | None = None) -> Candidate:
+               best_case: Candidate | None = None, parts: tuple[str, ...] = ("raced", "screen")) -> Candidate:
     """The candidate selection takes from ``pool`` (the baseline not in it): the cheapest,
-    or within the resolution of it the higher quality, then fewer static tokens, then the
-    id (the result does not depend on the order of ``pool``). ``best_case``: a candidate
-    taken at the highest quality possible (not screened yet)."""
+    or within the resolution of it the higher quality (on ``parts``), then fewer static
+    tokens, then the id (the result does not depend on the order of ``pool``).
+    ``best_case``: a candidate taken at the highest quality possible (not screened yet)."""
     cheapest = min(pool, key=lambda c: (c.cost, c.static_tokens, c.id))
     ties = [c for c in pool if c.cost - cheapest.cost <= resolution(c, cheapest)]
 
     def quality(c: Candidate) -> float:
         if c is best_case:
             return float("inf")
-        gap = quality_gap(c, baseline) if baseline is not None else None
-        value = gap if gap is not None else c.mean
+        value = quality_gap(c, baseline, parts) if baseline is not None else None
+        if value is None:
+            report = next((getattr(c, p) for p in parts if getattr(c, p) is not None), None)
+            value = None if report is None else report.mean
         return -2.0 if value is None else value
 
     return min(ties, key=lambda c: (-round(quality(c), 9), c.static_tokens, c.id))
 
 
 def preference_order(cands: Sequence[Candidate], resolution: Resolution,
-                     baseline: Candidate | None = None, best_case: Candidate | None = None) -> list[Candidate]:
+                     baseline: Candidate | None = None, best_case: Candidate | None = None,
+                     parts: tuple[str, ...] = ("raced", "screen")) -> list[Candidate]:
     """``cands`` in the order selection prefers them (the preferred one, then the preferred
-    of the rest, and so on)."""
+    of the rest, and so on), quality taken on ``parts``."""
     rest, out = list(cands), []
     while rest:
-        best = _preferred(rest, resolution, baseline, best_case)
+        best = _preferred(rest, resolution, baseline, best_case, parts)
         out.append(best)
         rest.remove(best)
     return out
