@@ -61,7 +61,9 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
     row = {
         "spec": name, "winner": result["winner_id"], "kept_baseline": result["kept_baseline"],
         "reason": result["reason"], "plan": result.get("plan_text"), "margin": result["max_quality_drop"],
-        "race_records": decision.get("n"), "diff_lower": decision.get("lower"), "diff_upper": decision.get("upper"),
+        # Kept: the records the race spent on its finalists (the baseline was scored on all of them).
+        "race_records": decision.get("n") if not result["kept_baseline"] else b.get("race_n", 0),
+        "diff_lower": decision.get("lower"), "diff_upper": decision.get("upper"),
         "alpha": decision.get("alpha"), "warm_share": result["warm_share"],
         "warm_share_source": result["warm_share_source"], "minutes": round(minutes, 2),
         "lm_calls": result["lm_calls"] + (distilled["summary"]["total_lm_calls"] if distilled else 0),

@@ -403,6 +403,7 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     finalists = df[df["finalist"]]
     assert len(finalists) == 1 and finalists["verdict"].tolist() == ["non-inferior"]
     assert finalists["race_n"].tolist() == [50] and (finalists["diff_mean"] == 0.0).all()
+    assert result.baseline["race_n"] == result.winner["race_n"] == 50  # what a kept baseline's report shows
     static = df[(df["strategy"] != "similar") & ~df["is_baseline"]].sort_values("ttft_expected_ms")
     assert result.winner_id == finalists["candidate_id"].iloc[0] == static["candidate_id"].iloc[0] == "short/none"
     assert static["ttft_expected_ms"].iloc[1] > 1.02 * static["ttft_expected_ms"].iloc[0]

@@ -189,6 +189,7 @@ def _dev_figures(cand: ExampleCandidate, run: OptimizeRun) -> dict[str, Any]:
     return {"candidate_id": cand.id, "variant": cand.variant, "strategy": cand.strategy, "k": cand.k,
             "dev_mean": ci.mean if ci else None, "dev_ci_low": ci.low if ci else None,
             "dev_ci_high": ci.high if ci else None, "dev_n": ci.n if ci else 0,
+            "race_n": cand.raced.n if cand.raced is not None else 0,
             "dev_valid_json_rate": report.valid_json_rate if report is not None else None,
             "decision": cand.decision.to_dict(),
             **{k: p.get(k) for k in ("ttft_cold_ms", "ttft_warm_ms", "ttft_expected_ms", "total_tokens",
