@@ -898,6 +898,18 @@ def test_a_budget_refusal_before_the_race_does_not_stop_the_fallbacks():
     assert [c.id for c in raced] == ["a", "b"] and raced[1].decision.certified and plan.alpha < 0.1
 
 
+def test_no_alpha_goes_to_a_fallback_the_call_budget_cannot_race():
+    """Room for the baseline and two finalists over the whole pool: two share alpha, not three."""
+    base, cands, screen_recs, certify, ev = fallback_setup([0.0] * 984)
+    meter = FakeMeter()
+    budget = Budget(meter, max_calls=2 * 16 + 3 * 984 + 500, max_minutes=60)
+    ev.meter = meter
+    raced, plan = screen_then_race(base, cands, screen_recs, certify, ev, budget=budget,
+                                   settings=RaceSettings(margin=0.05, alpha=0.1, finalists=3), resolution=EXACT,
+                                   every=False)
+    assert plan.alpha == 0.05 and [c.id for c in raced] == ["a", "b"] and raced[1].decision.alpha == 0.05
+
+
 def test_a_certified_finalist_selection_would_not_take_does_not_end_the_race():
     """a is within the resolution of the baseline's cost (a tie) and certified, but below the
     baseline's quality on the certify records, so selection keeps the baseline: the next

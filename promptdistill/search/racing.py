@@ -58,7 +58,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -509,7 +509,7 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
     """Screen for the first finalist, plan, and race finalists in turn; returns those raced and the plan.
 
     :func:`plan_finalists` fixes from the first finalist's screen how many may be raced
-    (``k``, each at ``alpha / k``). The next finalist is screened for only when selection
+    (``k``, each at ``alpha / k``; no more than the LM-call budget can race over the whole pool). The next finalist is screened for only when selection
     would still keep the baseline (the one before failed, or was certified but is no
     faster and below the baseline's quality), so a race whose first finalist wins screens
     no more than it would for one. Which candidate is the i-th finalist depends on the
@@ -525,7 +525,11 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
     found = finalists(1)
     if not found:
         return [], None
-    k, plan = plan_finalists(baseline, found[0], pool=len(certify_records), settings=settings)
+    # No alpha for a fallback the LM-call budget could not pay for: the baseline and k
+    # finalists over the whole pool.
+    affordable = budget.calls_left // max(1, len(certify_records) * calls_per_record) - 1
+    k, plan = plan_finalists(baseline, found[0], pool=len(certify_records),
+                             settings=replace(settings, finalists=max(1, min(settings.finalists, affordable))))
     raced: list[Candidate] = []
     for i in range(k):
         refusals = budget.refusals
