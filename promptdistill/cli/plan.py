@@ -42,7 +42,8 @@ def _plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from promptdistill.pipeline.budgets import stage_settings
-    from promptdistill.search.racing import RaceSettings, admitted_finalists
+    from promptdistill.evaluate.evaluator import judge_cost
+    from promptdistill.search.racing import RaceSettings, admitted_finalists, raceable
     from promptdistill.search.sequential import PlanAssumption
     from promptdistill.search.splits import split_records
     from promptdistill.specs.load import load_spec
@@ -55,7 +56,12 @@ def _plan(args: argparse.Namespace) -> int:
     dev = budget.dev_size if args.dev is None else args.dev
     splits = split_records(spec, seed=0, screen_size=budget.screen_size, dev_size=dev, test_size=10**9)
     discordance = PlanAssumption.discordance if args.discordance is None else args.discordance
-    settings = RaceSettings(margin=spec.slo.max_quality_drop, alpha=alpha, finalists=finalists,
+    # The optimizer's calls left once the baseline and a candidate are screened, the test
+    # verification of both held back.
+    per_record = judge_cost(spec, 1)
+    calls_left = budget.max_lm_calls - per_record * (2 * len(splits.screen) + 2 * min(len(splits.test), budget.test_size))
+    settings = RaceSettings(margin=spec.slo.max_quality_drop, alpha=alpha,
+                            finalists=raceable(finalists, calls_left, len(splits.certify), per_record),
                             first_look=rule.first_look, discrete=spec.metric.discrete)
     admitted, plan = admitted_finalists(len(splits.certify), discordance=discordance, settings=settings,
                                         basis="assumed")

@@ -93,6 +93,7 @@ __all__ = [
     "admitted_finalists",
     "plan_finalists",
     "plan_from_screen",
+    "raceable",
     "preference_order",
     "race",
     "screen",
@@ -389,6 +390,17 @@ def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Re
             f"{screen_upper(cand, base):+.3f}, is below -{margin:g}")
 
 
+def raceable(finalists: int, calls_left: int, pool: int, calls_per_record: int = 1) -> int:
+    """At most ``finalists``, no more than ``calls_left`` LM calls race over the whole pool
+    with the baseline (at least one): no alpha for a fallback the budget could not pay for.
+
+    Example:
+        >>> raceable(3, 3_500, 984), raceable(3, 10_000, 984), raceable(3, 500, 984)
+        (2, 3, 1)
+    """
+    return max(1, min(finalists, calls_left // max(1, pool * calls_per_record) - 1))
+
+
 def plan_finalists(baseline: Candidate, first: Candidate, *, pool: int, settings: RaceSettings) -> tuple[int, Plan]:
     """:func:`admitted_finalists` at the discordance ``first``'s screen records cannot rule out."""
     discordance, basis = _screen_discordance(baseline, [first])
@@ -525,11 +537,8 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
     found = finalists(1)
     if not found:
         return [], None
-    # No alpha for a fallback the LM-call budget could not pay for: the baseline and k
-    # finalists over the whole pool.
-    affordable = budget.calls_left // max(1, len(certify_records) * calls_per_record) - 1
-    k, plan = plan_finalists(baseline, found[0], pool=len(certify_records),
-                             settings=replace(settings, finalists=max(1, min(settings.finalists, affordable))))
+    k, plan = plan_finalists(baseline, found[0], pool=len(certify_records), settings=replace(
+        settings, finalists=raceable(settings.finalists, budget.calls_left, len(certify_records), calls_per_record)))
     raced: list[Candidate] = []
     for i in range(k):
         refusals = budget.refusals
