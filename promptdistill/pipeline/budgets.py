@@ -92,9 +92,9 @@ def budget_preset(name: str) -> dict[str, Any]:
             "budget": OptimizeBudget(max_lm_calls=4000, max_minutes=30.0, screen_size=16, dev_size=1000,
                                      test_size=200, fewshot_counts=(0, 2, 4), similar_counts=(), fixed_subsets=1,
                                      max_variants=3, feature_records=3, timing_records=2, formats=False),
-            # Up to three finalists, raced in turn: the next only when the one before fails, and
-            # only as many as the pool certifies the margin for at alpha / k each (a spec at the
-            # pool's edge keeps all of alpha 0.1 for one). Each record costs two evaluations.
+            # Finalists raced in turn: the next only when the one before fails, and only as many
+            # as the pool certifies the margin for at alpha / k each and the 4,000 calls can race
+            # over the pool (at most two; a spec at the pool's edge keeps all of alpha for one).
             "selection": SelectionRule(finalists=3),
         }
     if name == "smoke":

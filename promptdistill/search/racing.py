@@ -456,10 +456,18 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
         _race_one(baseline, cand, records, evaluate, budget=budget, settings=settings, test=test, alpha=alpha,
                   calls_per_record=calls_per_record, log=log)
         raced.append(cand)
-        if cand.decision.certified and select(baseline, raced, resolution=resolution)[0] is not baseline:
-            ended = f"{cand.id}, raced before it, was certified and would be selected"
-        elif budget.refusals > refusals:
-            ended = budget.reason or "budget"
+        ended = _race_over(baseline, raced, budget, refusals, resolution)
+
+
+def _race_over(baseline: Candidate, raced: Sequence[Candidate], budget: Budget, refusals: int,
+               resolution: Resolution) -> str | None:
+    """Why no later finalist is raced after ``raced[-1]``, or None: selection would take a
+    certified finalist, or the budget refused a step since ``refusals`` was read."""
+    if raced[-1].decision.certified and select(baseline, raced, resolution=resolution)[0] is not baseline:
+        return f"{raced[-1].id}, raced before it, was certified and would be selected"
+    if budget.refusals > refusals:
+        return budget.reason or "budget"
+    return None
 
 
 def _race_one(baseline: Candidate, cand: Candidate, records: Sequence[Record], evaluate: Evaluate, *,
@@ -521,8 +529,8 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
     """Screen for the first finalist, plan, and race finalists in turn; returns those raced and the plan.
 
     :func:`plan_finalists` fixes from the first finalist's screen how many may be raced
-    (``k``, each at ``alpha / k``; no more than the LM-call budget can race over the whole pool). The next finalist is screened for only when selection
-    would still keep the baseline (the one before failed, or was certified but is no
+    (``k``, each at ``alpha / k``; no more than the LM-call budget can race over the whole
+    pool). The next finalist is screened for only when selection would still keep the baseline (the one before failed, or was certified but is no
     faster and below the baseline's quality), so a race whose first finalist wins screens
     no more than it would for one. Which candidate is the i-th finalist depends on the
     screen records only (screening ranks by screen quality; a screen or race the budget
@@ -552,7 +560,7 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
         raced.append(nxt)
         race(baseline, [nxt], certify_records, evaluate, budget=budget, settings=settings, resolution=resolution,
              calls_per_record=calls_per_record, log=log, alpha_each=settings.alpha / k)
-        if budget.refusals > refusals or select(baseline, raced, resolution=resolution)[0] is not baseline:
+        if _race_over(baseline, raced, budget, refusals, resolution):
             break
     return raced, plan
 
