@@ -35,11 +35,14 @@ from promptdistill.search.racing import (
     Candidate,
     Decision,
     RaceSettings,
+    SCREEN_ONLY,
     can_beat,
+    clearly_better,
     looks,
     paired_mean,
     plan_finalists,
     plan_from_screen,
+    preference_order,
     race,
     screen,
     screen_then_race,
@@ -1056,6 +1059,38 @@ def test_select_breaks_ties_among_candidates_by_quality_then_static_tokens():
     winner, _ = select(base, [certified_vs(base, "a", 50.0, static=200, gap=-0.03),
                               certified_vs(base, "b", 56.0, static=150, gap=0.1)], resolution=five)
     assert winner.id == "a"
+
+
+def test_a_quality_lead_within_noise_does_not_outweigh_fewer_static_tokens():
+    """Three prunes of invoice_extraction tied on cost and scored 0.350-0.375 on 16 screen
+    records; the longest led and was raced. A lead the records cannot tell from noise now
+    leaves the tie to fewer static tokens; a clear lead still decides."""
+    base = baseline_at(100.0)
+    base.raced = fake_report("baseline", [0.5] * 16)
+    five = lambda a, b: 5.0  # noqa: E731
+    noisy = [0.0, 1.0] * 8
+
+    def scored(cid, cost, static, scores):
+        c = certified(cid, cost, static=static)
+        c.raced = fake_report(cid, scores)
+        return c
+
+    short = scored("short", 52.0, 150, noisy)
+    long_lead = scored("long", 50.0, 200, [1.0, 1.0] + noisy[2:])  # one record better: noise
+    assert not clearly_better(long_lead, short)
+    assert select(base, [long_lead, short], resolution=five)[0].id == "short"
+    assert select(base, [short, long_lead], resolution=five)[0].id == "short"
+    clear_lead = scored("clear", 50.0, 200, [1.0] * 16)
+    assert clearly_better(clear_lead, short) and not clearly_better(short, clear_lead)
+    assert select(base, [clear_lead, short], resolution=five)[0].id == "clear"
+    # The screen's finalists follow the same rule (the screen records alone).
+    for c, scores in ((short, noisy), (long_lead, [1.0, 1.0] + noisy[2:])):
+        c.screen, c.raced = fake_report(c.id, scores), None
+    assert preference_order([long_lead, short], five, parts=SCREEN_ONLY)[0].id == "short"
+    # A candidate with scores beats one without; the best case (not screened yet) beats all.
+    unscored = cand("unscored", 50.0, static=10)
+    assert clearly_better(short, unscored, parts=SCREEN_ONLY) and not clearly_better(unscored, short)
+    assert clearly_better(unscored, short, best_case=unscored)
 
 
 def test_select_never_replaces_the_baseline_with_a_prompt_that_is_no_faster_and_worse():
