@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,7 @@ from promptdistill.optimize import (
 )
 from promptdistill.optimize.run import OptimizeRun, measured_hit_rate, warm_share_from_hit_rate
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, unmeasured_quality
+from promptdistill.optimize.variants import reply_reminder, with_reply_reminder
 from promptdistill.search.racing import Decision, select
 from promptdistill.ttft.estimators import MonomialRegressor
 from promptdistill.ttft.model import TTFTModel
@@ -248,6 +250,24 @@ def test_instruction_variants_dedupe_and_keep_the_rest_of_the_spec(triage):
     assert instruction_variants(spec, None) == [("original", spec)]
 
 
+def test_the_reply_reminder_restates_the_schemas_keys_after_the_input(triage):
+    spec, _, _ = triage
+    reminded = with_reply_reminder(spec)
+    keys = list(spec.output_schema["properties"])
+    assert reminded.user.startswith(spec.user) and reminded.user != spec.user
+    assert reminded.user.endswith(reply_reminder(spec)) and all(k in reminded.user[len(spec.user):] for k in keys)
+    assert reminded.instruction == spec.instruction and reminded.examples == spec.examples
+    assert with_reply_reminder(reminded) is None  # never twice
+    def schema(properties, schema_from=None):
+        return SimpleNamespace(output_schema={"type": "object", "properties": properties}, schema_from=schema_from)
+
+    assert reply_reminder(schema({"a": {}, "b": {}, "c": {}})) == "Reply with one JSON object with the keys a, b and c."
+    assert reply_reminder(schema({"label": {}})) == "Reply with one JSON object with the key label."
+    # No object schema, or one per request: nothing to restate.
+    assert reply_reminder(schema({})) is None and reply_reminder(schema({"a": {}}, schema_from="schema")) is None
+    assert with_reply_reminder(SimpleNamespace(output_schema=None, schema_from=None)) is None
+
+
 def test_optimize_budget_validates():
     with pytest.raises(ValueError, match="fewshot_counts"):
         OptimizeBudget(fewshot_counts=(0, 9))
@@ -390,6 +410,11 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     result, engine = fake_run
     df = result.candidates
     assert set(df["strategy"]) == {"baseline", "none", "fixed", "similar"}
+    # Each candidate with fixed or no examples has its reply-reminder twin; per-request ones do not.
+    twins = df[df["variant"].str.endswith("+remind")]
+    plain = df[df["strategy"].isin(["none", "fixed"]) & ~df["variant"].str.contains("remind")]
+    assert len(twins) == len(plain) > 0 and set(twins["strategy"]) == {"none", "fixed"}
+    assert set(twins["candidate_id"]) == {c.replace("/", "+remind/", 1) for c in plain["candidate_id"]}
     assert result.splits == {"train": 100, "screen": 8, "certify": 50, "test": 8}
     # Every LM request went through the run's meter; timing requests went to the engine behind it.
     assert engine.calls == result.lm_calls + result.timing_requests

@@ -6,7 +6,8 @@ The run, in order (each step a method of ``OptimizeRun``, the state ``finish`` r
    pool), screen, certify, test (verification only, never seen before step 7);
 2. the baseline (the spec as written) on the screen records;
 3. per fixed count, the example set with the best screen score among a few draws;
-4. the grid (instruction variants x none/fixed/similar x counts); every candidate's TTFT
+4. the grid (instruction variants x none/fixed/similar x counts, and each fixed or no-examples
+   candidate with its reply's keys restated after the input: ``variants.py``); every candidate's TTFT
    predicted cold and warm with the fitted TTFT model; what cannot fit the context is dropped;
    per pruned candidate, the variant with one pruned clause restored when that caches more
    of its static prefix in whole KV blocks and is predicted cheaper (``blocks.py``);
@@ -44,7 +45,7 @@ from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_subsets, per_request_spec, with_fewshot
 from promptdistill.optimize.predict import predict_candidate, prefix_block_tokens
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
-from promptdistill.optimize.variants import instruction_variants
+from promptdistill.optimize.variants import REMINDER_TAG, instruction_variants, with_reply_reminder
 from promptdistill.search.budget import Budget
 from promptdistill.search.racing import Candidate, RaceSettings, screen, screen_then_race, select
 from promptdistill.search.references import fill_references
@@ -82,6 +83,8 @@ class OptimizeBudget:
                                  "off: only those that could still be a finalist (the same finalists, fewer LM calls)")
     block_aligned: bool = setting(True, "add, per pruned candidate, the variant with one pruned clause restored when "
                                   "it caches more of the static prefix in whole KV blocks and is predicted cheaper")
+    reply_reminder: bool = setting(True, "add, per candidate with fixed or no examples, its twin with the reply's keys "
+                                   "restated after the input (specs with an output schema)")
     feature_records: int = setting(6, "dev records whose prompts the TTFT predictions average over", at_least=1)
     timing_records: int = setting(3, "test records measured cold and warm on the real engine (0: no measurement)",
                                   at_least=0)
@@ -306,6 +309,8 @@ class OptimizeRun:
                 out += [ExampleCandidate(id=f"{vid}/similar{k}", spec=per_request_spec(vspec), variant=vid,
                                          strategy="similar", k=k)
                         for k in self.budget.similar_counts if 0 < k <= len(self.splits.train)]
+        if self.budget.reply_reminder:
+            out += [twin for cand in out if (twin := self.reminded(cand)) is not None]
         base_key = (build_system(base.spec, base.examples), base.spec.user)
         seen, unique = {base_key}, []
         for cand in out:
@@ -316,6 +321,17 @@ class OptimizeRun:
             elif key == base_key:
                 base.notes.append(f"{cand.id} renders the same prompt as the baseline")
         return unique
+
+    @staticmethod
+    def reminded(cand: ExampleCandidate) -> ExampleCandidate | None:
+        """``cand`` with the reply reminder after its input (``variants.with_reply_reminder``);
+        None for per-request examples (not publishable) or a spec without an object schema."""
+        spec = with_reply_reminder(cand.spec) if cand.strategy in ("none", "fixed") else None
+        if spec is None:
+            return None
+        variant = f"{cand.variant}+{REMINDER_TAG}"
+        return ExampleCandidate(id=f"{variant}/{cand.id.rsplit('/', 1)[-1]}", spec=spec, examples=cand.examples,
+                                variant=variant, strategy=cand.strategy, k=cand.k, subset=cand.subset)
 
     def search(self) -> None:
         """Predict, drop what does not fit, screen, plan, race (sets ``finalists`` and decisions)."""
