@@ -129,6 +129,21 @@ def test_bench_batching(tmp_path):
 
 
 @pytest.mark.engine
+def test_bench_reply_reminder(tmp_path):
+    run_bench("bench.bench_reply_reminder", "ticket_triage", "--records", "4", tmp_path=tmp_path)
+    report = read_report(tmp_path, "reply_reminder")
+    (spec,) = report["specs"]
+    assert spec["spec"] == "ticket_triage" and spec["reminder"].startswith("Reply with one JSON object")
+    assert [r["prompt"] for r in spec["rows"]] == ["as written", "with reminder", "no examples",
+                                                   "no examples, with reminder"]
+    for row in spec["rows"]:
+        numbers(row, ("mean", "n", "diff", "diff_low", "diff_high"), f"{row['prompt']}.")
+        assert row["n"] == 4 and row["diff_low"] <= row["diff"] <= row["diff_high"]
+    assert spec["rows"][0]["diff"] == 0.0
+    assert "| ticket_triage | with reminder |" in (tmp_path / "bench" / "reply_reminder.md").read_text()
+
+
+@pytest.mark.engine
 def test_bench_prefix_cache(tmp_path):
     # ticket_triage's production template is a shorter winner (one rule, one example); the
     # other specs have none published, so only their baselines are timed.

@@ -38,6 +38,8 @@ from promptdistill.optimize.run import OptimizeRun, measured_hit_rate, warm_shar
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, unmeasured_quality
 from promptdistill.optimize.variants import reply_reminder, with_reply_reminder
 from promptdistill.search.racing import Decision, select
+from promptdistill.specs.datasets import dataset_for, records
+from promptdistill.specs.prompt import spec_messages
 from promptdistill.ttft.estimators import MonomialRegressor
 from promptdistill.ttft.model import TTFTModel
 
@@ -258,6 +260,13 @@ def test_the_reply_reminder_restates_the_schemas_keys_after_the_input(triage):
     assert reminded.user.endswith(reply_reminder(spec)) and all(k in reminded.user[len(spec.user):] for k in keys)
     assert reminded.instruction == spec.instruction and reminded.examples == spec.examples
     assert with_reply_reminder(reminded) is None  # never twice
+    # The twin renders the reminder last, after the input, braces and all.
+    record = next(iter(records(dataset_for(spec), "dev")))
+    assert spec_messages(reminded, record["inputs"])[-1]["content"].endswith("\n\n" + reply_reminder(spec))
+    braced = spec.with_changes(output_schema={**spec.output_schema, "required": ["label", "a{b}"],
+                                              "properties": {**spec.output_schema["properties"], "a{b}": {}}})
+    assert spec_messages(with_reply_reminder(braced), record["inputs"])[-1]["content"].endswith(
+        "with the keys label and a{b}.")
     def schema(properties, schema_from=None):
         return SimpleNamespace(output_schema={"type": "object", "properties": properties}, schema_from=schema_from)
 

@@ -19,6 +19,7 @@ above alpha by chance with these many runs (the measured rates are far below it)
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -626,7 +627,6 @@ def test_screen_without_the_baseline_has_no_finalists():
 
 
 def test_screen_orders_finalists_the_same_whatever_the_input_order():
-    import itertools
 
     orders = set()
     for perm in itertools.permutations([("a", 100.0, 300), ("b", 104.0, 200), ("c", 108.0, 100)]):
@@ -652,6 +652,7 @@ def test_screening_only_open_candidates_finds_the_same_finalists_with_fewer_eval
         limit = int(rng.integers(1, 4))
         carried = {f"c{i}" for i in range(n_cands) if rng.random() < 0.2}  # screened before (a distiller round)
         costs = rng.choice(np.arange(40.0, 130.0, 3.0), size=n_cands)
+        statics = rng.integers(50, 400, size=n_cands)  # independent of cost: the tie-break is exercised
         scores = {"baseline": rng.integers(0, 2, n_rec).astype(float).tolist()}
         for i in range(n_cands):
             scores[f"c{i}"] = rng.integers(0, 2, n_rec).astype(float).tolist()
@@ -659,7 +660,7 @@ def test_screening_only_open_candidates_finds_the_same_finalists_with_fewer_eval
 
         def run(every: bool) -> tuple[list[str], FakeEvaluator, list[Candidate]]:
             base = cand("baseline", 100.0, static=300)
-            cands = [cand(f"c{i}", float(c), static=int(c) * 2) for i, c in enumerate(costs)]
+            cands = [cand(f"c{i}", float(c), static=int(statics[i])) for i, c in enumerate(costs)]
             for c in cands:
                 if c.id in carried:
                     c.screen = fake_report(c.id, scores[c.id], ids=[str(i) for i in range(n_rec)])
@@ -1045,6 +1046,7 @@ def baseline_at(cost: float, static: int = 300, mean: float = 0.5) -> Candidate:
 
 def test_select_breaks_ties_among_candidates_by_quality_then_static_tokens():
     base = baseline_at(100.0)
+    base.raced = fake_report("baseline", [0.5] * 8)  # 8 records all one way: a clear difference (sign test)
     five = lambda a, b: 5.0  # noqa: E731
     # 50 and 53 tie: the higher quality wins, although the other is cheaper and shorter.
     winner, _ = select(base, [certified_vs(base, "a", 50.0, static=100, gap=-0.02),
@@ -1087,6 +1089,18 @@ def test_a_quality_lead_within_noise_does_not_outweigh_fewer_static_tokens():
     for c, scores in ((short, noisy), (long_lead, [1.0, 1.0] + noisy[2:])):
         c.screen, c.raced = fake_report(c.id, scores), None
     assert preference_order([long_lead, short], five, parts=SCREEN_ONLY)[0].id == "short"
+    # Fewest static tokens among the candidates no tied one clearly beats: B beats C (5 records
+    # to none), A (top quality) beats neither clearly, so B, not C; then C before A (no clear lead).
+    def screened(cid, static, ones):
+        c = cand(cid, 50.0, static=static)
+        c.screen = fake_report(cid, [1.0 if i in ones else 0.0 for i in range(16)])
+        return c
+
+    a, b, c = screened("A", 300, set(range(2, 12))), screened("B", 200, set(range(9))), screened("C", 100, set(range(4)))
+    assert clearly_better(b, c, SCREEN_ONLY) and not clearly_better(a, c, SCREEN_ONLY)
+    assert not clearly_better(a, b, SCREEN_ONLY) and not clearly_better(b, a, SCREEN_ONLY)
+    for order in itertools.permutations([a, b, c]):
+        assert [x.id for x in preference_order(list(order), five, parts=SCREEN_ONLY)] == ["B", "C", "A"]
     # A candidate with scores beats one without; the best case (not screened yet) beats all.
     unscored = cand("unscored", 50.0, static=10)
     assert clearly_better(short, unscored, parts=SCREEN_ONLY) and not clearly_better(unscored, short)

@@ -21,6 +21,7 @@ from promptdistill.optimize.predict import MIN_TTFT_MS
 from promptdistill.optimize.result import OptimizationResult
 from promptdistill.optimize.run import OptimizeRun, format_variants
 from promptdistill.optimize.select import TokenBudget, pareto_mask, token_budget
+from promptdistill.optimize.variants import REMINDER_TAG
 from promptdistill.optimize.verify import (
     TimedTemplate,
     check_rendering,
@@ -86,7 +87,8 @@ def density_curve(df: pd.DataFrame) -> pd.DataFrame:
     (``OptimizeBudget.screen_every`` off) screens a cost-ordered few, so the curve compares
     variants over different example settings: set it on to read this curve.
     """
-    ev = df[df["screen_quality"].notna()]
+    # A reply-reminder twin has its instruction's density: it is not another point of the curve.
+    ev = df[df["screen_quality"].notna() & ~df["variant"].str.contains(f"+{REMINDER_TAG}", regex=False)]
     if ev.empty:
         return pd.DataFrame(columns=["variant", "semantic_density", "instruction_tokens", "quality", "best_quality", "peak"])
     g = ev.groupby("variant").agg(semantic_density=("semantic_density", "first"),

@@ -325,7 +325,8 @@ class OptimizeRun:
     @staticmethod
     def reminded(cand: ExampleCandidate) -> ExampleCandidate | None:
         """``cand`` with the reply reminder after its input (``variants.with_reply_reminder``);
-        None for per-request examples (not publishable) or a spec without an object schema."""
+        None for per-request examples (their user part is rebuilt per request) or a spec
+        without an object schema."""
         spec = with_reply_reminder(cand.spec) if cand.strategy in ("none", "fixed") else None
         if spec is None:
             return None

@@ -14,8 +14,9 @@ All pure. The rule (``SelectionRule``), in words:
    that point (its held-out mean absolute percentage error times the larger prediction)
    as the resolution: a certified candidate replaces the baseline when it is faster by
    more than the resolution; within it, only when its quality on the certify records is
-   at least the baseline's (and the test split agrees, ``finish.py``). Among candidates,
-   quality breaks a tie before fewer static prefix tokens. The reason names the clause.
+   at least the baseline's (and the test split agrees, ``finish.py``). Among candidates
+   within the resolution of each other, quality breaks a tie where the records show a
+   clear difference, else fewer static prefix tokens do. The reason names the clause.
 
 Example:
     >>> token_budget([10, 12, 12, 14]).max_tokens  # p95 13.7, plus 15%: 15.76

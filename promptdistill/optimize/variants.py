@@ -31,8 +31,9 @@ REMINDER_TAG = "remind"
 
 
 def reply_reminder(spec: Spec) -> str | None:
-    """The sentence that restates the reply's keys, from the spec's output schema; None when
-    it has no fixed object schema (none, or one per request).
+    """The sentence that restates the reply's keys (the required ones, else every property),
+    from the spec's output schema; None when it has no fixed object schema (none, or one per
+    request).
 
     Example:
         >>> reply_reminder(spec)  # doctest: +SKIP
@@ -41,7 +42,8 @@ def reply_reminder(spec: Spec) -> str | None:
     schema = spec.output_schema
     if spec.schema_from is not None or not isinstance(schema, dict) or not schema.get("properties"):
         return None
-    keys = [str(k) for k in schema["properties"]]
+    # The required keys when the schema names them: listing optional ones invites the model to fill them.
+    keys = [str(k) for k in (schema.get("required") or schema["properties"])]
     names = keys[0] if len(keys) == 1 else f"{', '.join(keys[:-1])} and {keys[-1]}"
     return f"Reply with one JSON object with the key{'s' if len(keys) > 1 else ''} {names}."
 

@@ -61,10 +61,11 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import binomtest, norm
 
 from promptdistill.core.display import format_number
 from promptdistill.core.stats import paired_diffs
@@ -128,10 +129,9 @@ FALLBACK_SLACK = 0.2
 power for a candidate a fifth of the margin worse than the baseline: at 20% discordant
 pairs and a 0.05 margin, a tie needs ~525 of 984 records at alpha 0.05, a candidate 0.01
 worse ~(0.05 / 0.04)^2 as many, ~820."""
-TIE_BREAK_CONFIDENCE = 0.95
-"""Among candidates whose costs tie, quality decides only when its lead is this sure (one-sided,
-paired): otherwise fewer static tokens do."""
-TIE_BREAK_Z = float(norm.ppf(TIE_BREAK_CONFIDENCE))
+TIE_BREAK_ALPHA = 0.05
+"""Among candidates whose costs tie, quality decides only when a one-sided sign test on their
+paired records is significant at this level: otherwise fewer static tokens do."""
 TIE_MAX_SLOWDOWN = 0.05
 """Within the resolution, a candidate whose cost is more than 5% above the baseline's
 never replaces it: a tie may not hide a slowdown a service would notice."""
@@ -199,7 +199,8 @@ class Candidate:
     cost: float = 0.0
     """What selection minimises (instruction tokens, predicted TTFT in ms...)."""
     static_tokens: int = 0
-    """Tokens of the static prefix: the tie-break after quality (less KV cache, lower cold TTFT)."""
+    """Tokens of the static prefix: the tie-break when quality shows no clear difference (less KV
+    cache, lower cold TTFT)."""
     screen: EvalReport | None = None
     """On the screen records."""
     raced: EvalReport | None = None
@@ -442,7 +443,8 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
     would still keep the baseline (the one before ended without being certified, or was
     certified but is no faster and below the baseline's quality), on the same certify
     records (the baseline's scores are reused). A certified finalist selection would take
-    ends the race: a later one could only be selected over it by a quality tie-break.
+    ends the race: a later one could only be selected over it by the tie-break (within the
+    resolution of its cost), which is no reason to spend another race.
     Each is tested at ``alpha_each`` (default ``alpha / len(finalists)``). The looks are
     planned from ``len(records)`` before any record is scored; a look runs only when the
     budget (LM calls, then the wall-clock cap) covers it. A race the budget cuts short
@@ -585,9 +587,9 @@ def quality_gap(cand: Candidate, baseline: Candidate, parts: tuple[str, ...] = (
 def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Candidate | None,
                best_case: Candidate | None = None, parts: tuple[str, ...] = ("raced", "screen")) -> Candidate:
     """The candidate selection takes from ``pool`` (the baseline not in it): the cheapest,
-    or within the resolution of it the higher quality (on ``parts``) where the records show
-    a difference (:func:`clearly_better`), then fewer static tokens, then the id (the result
-    does not depend on the order of ``pool``). ``best_case``: a candidate taken at the
+    or within the resolution of it, among those no tied candidate clearly beats on ``parts``
+    (:func:`clearly_better`), the fewest static tokens, then the higher quality, then the id
+    (the result does not depend on the order of ``pool``). ``best_case``: a candidate taken at the
     highest quality possible (not screened yet)."""
     cheapest = min(pool, key=lambda c: (c.cost, c.static_tokens, c.id))
     ties = [c for c in pool if c.cost - cheapest.cost <= resolution(c, cheapest)]
@@ -601,22 +603,23 @@ def _preferred(pool: Sequence[Candidate], resolution: Resolution, baseline: Cand
             value = None if report is None else report.mean
         return -2.0 if value is None else value
 
-    top = min(ties, key=lambda c: (-round(quality(c), 9), c.static_tokens, c.id))
     # A lead the records cannot tell from noise is no reason to keep more static tokens (on
-    # 16 screen records, three prunes of invoice_extraction scored 0.350-0.375).
-    level = [c for c in ties if c is top or not clearly_better(top, c, parts, best_case)]
+    # 16 screen records, three prunes of invoice_extraction scored 0.350-0.375). Those left
+    # are the ones no tied candidate clearly beats.
+    unbeaten = [c for c in ties if not any(clearly_better(d, c, parts, best_case) for d in ties if d is not c)]
+    level = unbeaten or [min(ties, key=lambda c: (-round(quality(c), 9), c.static_tokens, c.id))]
     return min(level, key=lambda c: (c.static_tokens, -round(quality(c), 9), c.id))
 
 
 def clearly_better(a: Candidate, b: Candidate, parts: tuple[str, ...] = ("raced", "screen"),
                    best_case: Candidate | None = None) -> bool:
     """Do ``a``'s scores beat ``b``'s beyond noise? On the first of ``parts`` both were scored
-    on, the one-sided ``TIE_BREAK_CONFIDENCE`` lower bound of the paired mean difference
-    (normal approximation; the mean itself when the differences do not vary) is above zero.
-    A candidate with scores beats one without; ``best_case`` beats every other.
+    on, a one-sided sign test on the paired records (those where ``a`` scored higher against
+    those where ``b`` did) at ``TIE_BREAK_ALPHA``: exact for any score, whatever the number of
+    records. A candidate with scored records beats one without; ``best_case`` beats every other.
 
-    On 16 screen records of 0/1 scores, 3 discordant pairs all one way are a difference,
-    2 are not (a sign test would say the same at 0.125 and 0.25).
+    On 16 screen records of 0/1 scores that takes 5 discordant pairs all one way (p 0.031),
+    or 6 to 1 (p 0.0625 is not enough; 7 to 1 is, p 0.035).
     """
     if a is best_case or b is best_case:
         return a is best_case
@@ -626,10 +629,20 @@ def clearly_better(a: Candidate, b: Candidate, parts: tuple[str, ...] = ("raced"
             n = min(mine.n, theirs.n)
             diffs = paired_diffs(mine.scores[:n], theirs.scores[:n])
             if not diffs.size:
-                return False
-            spread = float(diffs.std(ddof=1)) / np.sqrt(diffs.size) if diffs.size > 1 else 0.0
-            return float(diffs.mean()) - TIE_BREAK_Z * spread > 1e-12
-    return any(getattr(a, p) is not None for p in parts) and all(getattr(b, p) is None for p in parts)
+                return _scored(mine) and not _scored(theirs)
+            wins, losses = int((diffs > 1e-12).sum()), int((diffs < -1e-12).sum())
+            return wins > losses and _sign_test_p(wins, wins + losses) <= TIE_BREAK_ALPHA
+    return any(_scored(getattr(a, p)) for p in parts) and not any(_scored(getattr(b, p)) for p in parts)
+
+
+@lru_cache(maxsize=4096)
+def _sign_test_p(wins: int, pairs: int) -> float:
+    """One-sided p-value of ``wins`` of ``pairs`` discordant records (cached: screening asks often)."""
+    return float(binomtest(wins, pairs, 0.5, alternative="greater").pvalue)
+
+
+def _scored(report: EvalReport | None) -> bool:
+    return report is not None and any(s is not None for s in report.scores)
 
 
 def preference_order(cands: Sequence[Candidate], resolution: Resolution,
