@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from promptdistill.search.racing import Candidate
+from promptdistill.specs.model import Spec
 
 __all__ = ["ExampleCandidate"]
 
@@ -38,6 +39,14 @@ class ExampleCandidate(Candidate):
     @property
     def publishable(self) -> bool:
         return self.strategy != "similar"
+
+    def derived(self, tag: str, spec: Spec) -> "ExampleCandidate":
+        """A new candidate with ``spec`` and this one's examples, its variant tagged
+        (``r1-prune`` -> ``r1-prune+tag``; id ``r1-prune+tag/none``): a restored clause, a
+        reply reminder. Nothing measured is carried over."""
+        variant = f"{self.variant}+{tag}"
+        return ExampleCandidate(id=f"{variant}/{self.id.rsplit('/', 1)[-1]}", spec=spec, examples=self.examples,
+                                variant=variant, strategy=self.strategy, k=self.k, subset=self.subset)
 
     def ttft(self, kind: str) -> float:
         return float(self.prediction.get(f"ttft_{kind}_ms", math.nan))

@@ -328,11 +328,7 @@ class OptimizeRun:
         None for per-request examples (their user part is rebuilt per request) or a spec
         without an object schema."""
         spec = with_reply_reminder(cand.spec) if cand.strategy in ("none", "fixed") else None
-        if spec is None:
-            return None
-        variant = f"{cand.variant}+{REMINDER_TAG}"
-        return ExampleCandidate(id=f"{variant}/{cand.id.rsplit('/', 1)[-1]}", spec=spec, examples=cand.examples,
-                                variant=variant, strategy=cand.strategy, k=cand.k, subset=cand.subset)
+        return None if spec is None else cand.derived(REMINDER_TAG, spec)
 
     def search(self) -> None:
         """Predict, drop what does not fit, screen, plan, race (sets ``finalists`` and decisions)."""
@@ -384,9 +380,7 @@ class OptimizeRun:
             for cid, spec in restored_variants(self.spec, cand.spec):
                 if (build_system(spec, cand.examples), spec.user) in rendered:
                     continue
-                alt = ExampleCandidate(id=f"{cand.variant}+{cid}/{cand.id.rsplit('/', 1)[-1]}", spec=spec,
-                                       examples=cand.examples, variant=f"{cand.variant}+{cid}",
-                                       strategy=cand.strategy, k=cand.k, subset=cand.subset)
+                alt = cand.derived(cid, spec)
                 self.predict(alt)
                 if alt.prediction["warm_cached_tokens"] > cand.prediction["warm_cached_tokens"]:
                     options.append(alt)

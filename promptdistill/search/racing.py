@@ -539,8 +539,9 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
 
     :func:`plan_finalists` fixes from the first finalist's screen how many may be raced
     (``k``, each at ``alpha / k``; no more than the LM-call budget can race over the whole
-    pool). The next finalist is screened for only when selection would still keep the baseline (the one before failed, or was certified but is no
-    faster and below the baseline's quality), so a race whose first finalist wins screens
+    pool). The next finalist is screened for only when selection would still keep the
+    baseline (the one before failed, or was certified but is no faster and below the
+    baseline's quality), so a race whose first finalist wins screens
     no more than it would for one. Which candidate is the i-th finalist depends on the
     screen records only (screening ranks by screen quality; a screen or race the budget
     cut short ends the race), so the family-wise error rate is at most ``k * alpha / k =
