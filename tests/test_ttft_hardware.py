@@ -71,3 +71,23 @@ def test_contention_accounting():
     sum(i * i for i in range(300_000))  # some CPU time of our own
     assert process_tree_cpu_s((os.getpid(),)) > 0
     assert process_tree_cpu_s(()) == 0.0
+
+
+@pytest.mark.parametrize("contended, waits", [
+    ([False] * 6, [0]),                                   # idle: one window, before the first
+    ([False, True, True, False, False, False], [0, 2, 3]),  # after each contended one
+    ([True] * 3, [0, 1, 2]),                              # busy: before every measurement, as before
+])
+def test_the_profile_waits_for_a_quiet_cpu_only_when_the_machine_was_last_seen_busy(contended, waits):
+    from promptdistill.ttft.profile import QuietGate
+
+    waited: list[int] = []
+    i = 0
+    gate = QuietGate(lambda: waited.append(i))
+    for i, busy in enumerate(contended):
+        gate.before()
+        gate.after(busy)
+    assert waited == waits
+    off = QuietGate(lambda: waited.append(-1), enabled=False)
+    off.before()
+    assert -1 not in waited

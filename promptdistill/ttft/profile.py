@@ -32,9 +32,11 @@ outside this process during the request (from ``/proc/stat``), as a share of wha
 cores could have given (wall time x cores). In-process, the engine's compute is inside
 this process, so on an otherwise idle machine the share is near 0. A measurement whose
 share exceeds ``max_foreign_cpu_share`` is flagged ``contended`` and measured again,
-up to ``max_retries`` times. Before every measurement the profiler also waits (up to
-``quiet_wait_s``, sleeping, so it adds no load) for a half-second in which the others
-stay under that share. Every attempt is kept as a row;
+up to ``max_retries`` times. Before the first measurement, and after a contended one, the
+profiler also waits (up to ``quiet_wait_s``, sleeping, so it adds no load) for a
+half-second in which the others stay under that share (``QuietGate``: after an
+uncontended measurement the machine was just seen quiet, and a window before every
+measurement made up 45% of a quick profile). Every attempt is kept as a row;
 fitting leaves out flagged rows and says how many. Through a server, its processes'
 CPU time counts as ours when their ids are given (``own_pids``: the server and its
 engine core); otherwise, and on machines without ``/proc/stat``, nothing is checked.
@@ -82,6 +84,7 @@ from promptdistill.ttft.measure import units as plan_units
 __all__ = [
     "ProfileConfig",
     "ProfileResult",
+    "QuietGate",
     "identity_columns",
     "machine_busy_s",
     "wait_for_quiet",
@@ -121,8 +124,8 @@ class ProfileConfig:
     max_retries: int = setting(2, "re-measurements of a unit whose measurement was contended")
     max_foreign_cpu_share: float = setting(0.2, "flag a measurement as contended when other processes used more "
                                            "than this share of the machine's CPU during it")
-    quiet_wait_s: float = setting(10.0, "before each measurement, wait up to this many seconds for other "
-                                  "processes to leave the CPU alone (0: measure at once)")
+    quiet_wait_s: float = setting(10.0, "before the first measurement and after a contended one, wait up to this "
+                                  "many seconds for other processes to leave the CPU alone (0: measure at once)")
     prompts_dir: str = setting("prompts", "the specs profiled as they render")
     seed: int = setting(0, "seeds the sweep's design")
 
@@ -234,16 +237,18 @@ def run_profile(
     for i in range(config.warmup):  # discarded: first requests pay one-off costs
         engine.generate([GenerationRequest(messages=prompts[i % len(prompts)].messages, max_tokens=1)])
     bar = progress_bar(progress, len(units), summarize_points(prompts), config.budget_s)
+    gate = QuietGate(lambda: wait_for_quiet(config.quiet_wait_s, config.max_foreign_cpu_share, own_pids=own),
+                     enabled=check_contention and config.quiet_wait_s > 0)
     try:
         for unit_no, unit in enumerate(units):
             if clock() - started > config.budget_s:
                 stopped = "budget"
                 break
             for attempt in range(config.max_retries + 1):
-                if check_contention and config.quiet_wait_s > 0:
-                    wait_for_quiet(config.quiet_wait_s, config.max_foreign_cpu_share, own_pids=own)
+                gate.before()
                 measured = measure_unit(engine, unit, config, can_reset, own)
                 contended = check_contention and measured[0]["foreign_cpu_share"] > config.max_foreign_cpu_share
+                gate.after(contended)
                 for built, values in zip(unit.prompts, measured):
                     rows.append(make_row(run_id, len(rows), unit_no, unit, attempt, built, values, contended, constant))
                 if not contended or clock() - started > config.budget_s:
@@ -272,6 +277,24 @@ def run_profile(
         info={"cold_method": "reset" if can_reset else "nonce", "queue_probe": queue,
               "matmul_gflops": [round(p.gflops, 1) for p in peaks if p is not None], **summarize_points(prompts)},
     )
+
+
+@dataclass
+class QuietGate:
+    """Waits for a quiet CPU before a measurement only when the machine was last seen busy:
+    before the first measurement and after a contended one. An uncontended measurement has
+    just shown the machine quiet, so waiting again would only sleep a window per row."""
+
+    wait: Callable[[], Any]
+    enabled: bool = True
+    quiet: bool = False
+
+    def before(self) -> None:
+        if self.enabled and not self.quiet:
+            self.wait()
+
+    def after(self, contended: bool) -> None:
+        self.quiet = not contended
 
 
 def _machine_columns(engine: Engine) -> dict[str, Any]:
