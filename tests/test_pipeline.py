@@ -75,6 +75,8 @@ def test_ttft_budget_maps_onto_the_profiler_config():
     assert (config.points, config.repeats, config.spec_records, config.budget_s) == (5, 1, 0, 120.0)
     assert config.density_probe_tokens == () and config.fewshot_probe is False
     assert (config.prompts_dir, config.seed) == ("p", 3)
+    assert config.queue_batches and budgets.TTFTBudget(queue_probe=False).profile_config().queue_batches == ()
+    assert budgets.budget_preset("quick")["ttft_budget"].profile_config().queue_batches == ()
 
 
 def test_ttft_budget_refuses_bad_values_and_unknown_fields():
