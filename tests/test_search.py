@@ -774,6 +774,21 @@ def test_race_decides_clear_cases_early_and_races_the_next_finalist_only_after_o
     assert base.raced.n == 100 and better.mean == 1.0
 
 
+def test_a_continuous_race_looks_every_first_look_records_not_at_doubling_looks():
+    """The confidence sequence is valid at every record, so a race on continuous scores looks
+    every 50 records: a tie with a 0.04 margin is certified at 150 (its bound there is
+    [-0.0375, +0.0375]; at 100, [-0.055, +0.055]), where doubling looks went on to 200."""
+    base, tie = cand("baseline", 100.0, static=300), cand("tie", 10.0)
+    ev = FakeEvaluator({"baseline": [0.5] * 400, "tie": [0.5] * 400})
+    race(base, [tie], numbered_records(400), ev, budget=Budget(FakeMeter(), **GENEROUS),
+         settings=RaceSettings(margin=0.04, alpha=0.1, finalists=1, discrete=False), resolution=EXACT)
+    assert (tie.decision.verdict, tie.decision.n) == ("non-inferior", 150)
+    assert "(confidence sequence, alpha 0.1)" in tie.decision.reason
+    assert [records for _, records in ev.calls] == [[str(i) for i in range(lo, lo + 50)] for lo in (0, 50, 100)]
+    assert ConfidenceSequenceTest(pool=120, alpha=0.1).looks() == [50, 100, 120]
+    assert GroupSequentialTest(pool=400, alpha=0.1).looks() == [50, 100, 200, 400]
+
+
 def test_race_ends_at_the_first_certified_finalist():
     """The finalists come in selection's order, so a later one could win only by a quality
     tie-break: none is raced once one selection would take is certified."""

@@ -18,8 +18,9 @@ search this way; only their candidates, their evaluation and their cost differ.
    its quality: the same finalists for fewer LM calls.
 2. **Race** (:func:`race`, :func:`screen_then_race`): the finalists one at a time, in
    the order selection prefers them, each against the baseline on growing batches of the
-   certify records (``looks``: 50, 100, 200, ... up to the pool, planned before any
-   record is scored). After each batch the test for the metric's kind of score
+   certify records (the test's ``looks()``: 50, 100, 200, ... up to the pool for the
+   group-sequential test, every 50 records for the confidence sequence; planned before
+   any record is scored). After each batch the test for the metric's kind of score
    (:mod:`promptdistill.search.sequential`: group-sequential for discrete scores, an
    anytime-valid confidence sequence for continuous ones) decides: ``non-inferior`` (a
    drop of ``margin`` or more ruled out), ``inferior`` (a drop of less than ``margin``
@@ -148,7 +149,8 @@ class RaceSettings:
     finalists: int = 3
     """Most candidates raced in turn after screening (alpha is split among those the plan admits)."""
     first_look: int = 50
-    """Certify records of the first look; each later look doubles it, up to the pool."""
+    """Certify records of the first look; each later look doubles it, up to the pool (the
+    confidence sequence, valid at every record, looks every ``first_look`` records)."""
     discrete: bool = True
     """Scores on a small grid (0/1, shares of a few checks): the group-sequential test;
     False (judge, python metrics): the confidence sequence."""
@@ -485,7 +487,7 @@ def _race_one(baseline: Candidate, cand: Candidate, records: Sequence[Record], e
     """One finalist against the baseline, look by look, until its test decides or the records or budget end."""
     seen = 0
     cand.decision = Decision(UNDECIDED, alpha=alpha)
-    for size in looks(len(records), first=settings.first_look):
+    for size in test.looks():
         new = records[seen:size]
         todo = ([baseline] if baseline.raced is None or baseline.raced.n < size else []) + [cand]
         if budget.affordable(len(todo), calls_per_record * len(new), "race evaluations") < len(todo):

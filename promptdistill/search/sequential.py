@@ -160,9 +160,13 @@ class GroupSequentialTest:
     first_look: int = 50
     name = "group-sequential"
 
+    def looks(self) -> list[int]:
+        """Certify records seen at each look: the planned ``first``, doubling, to the pool."""
+        return looks(self.pool, first=self.first_look)
+
     def boundary(self, n: int) -> float:
         """The z-boundary at the look after ``n`` records (a look of the plan, else ValueError)."""
-        planned = looks(self.pool, first=self.first_look)
+        planned = self.looks()
         if n not in planned:
             raise ValueError(f"{n} records is not a planned look of this race ({planned})")
         return float(gs.obf_boundaries([k / self.pool for k in planned], alpha=self.alpha)[planned.index(n)])
@@ -194,7 +198,17 @@ class ConfidenceSequenceTest:
 
     pool: int
     alpha: float
+    first_look: int = 50
     name = "confidence sequence"
+
+    def looks(self) -> list[int]:
+        """A look every ``first_look`` records: the bound is valid at every record, so looking
+        more often costs no error rate and stops a race as soon as a batch decides it
+        (doubling looks made summarize race 400 records where fewer may have decided)."""
+        if self.pool <= 0:
+            return []
+        step = max(1, min(self.first_look, self.pool))
+        return list(range(step, self.pool, step)) + [self.pool]
 
     def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
         lower, upper = confidence_sequence(diffs, alpha=self.alpha, horizon=self.pool)
@@ -215,7 +229,7 @@ def make_test(*, discrete: bool, pool: int, alpha: float,
     """The race's test for this kind of score and pool size (see the module docstring)."""
     if discrete and pool >= MIN_GROUP_SEQUENTIAL_POOL:
         return GroupSequentialTest(pool=pool, alpha=alpha, first_look=first_look)
-    return ConfidenceSequenceTest(pool=pool, alpha=alpha)
+    return ConfidenceSequenceTest(pool=pool, alpha=alpha, first_look=first_look)
 
 
 PLAN_POWER = 0.8
