@@ -5,7 +5,7 @@ __all__ = ["BUDGET_PRESETS"]
 
 BUDGET_PRESETS = {
     "smoke": "a few minutes for one small spec: plumbing checks and tests, figures not meaningful",
-    "quick": "about an hour for the 5 bundled specs on a 2-core CPU at the first run (`make run`; later nights reuse cached LM calls)",
+    "quick": "about 26 minutes for the 5 bundled specs on a 2-core CPU at the first run (`make run`; later nights reuse cached LM calls)",
     "full": "the library defaults (what the deployments use): an hour or more per spec on a CPU",
 }
 """Named budgets of the nightly flow's parameters (``promptdistill nightly --budget NAME``)."""
