@@ -447,16 +447,17 @@ def test_the_plan_uses_an_upper_bound_on_the_screens_discordance():
 
 
 def simulate_races(runs: int, *, true_diff: float, seed: int, k: int = 3, pool: int = 100, margin: float = 0.2,
-                   discordance: float = 0.4, alpha: float = 0.1) -> tuple[float, np.ndarray]:
+                   discordance: float = 0.4, alpha: float = 0.1, discrete: bool = True) -> tuple[float, np.ndarray]:
     """``runs`` races of ``k`` finalists against a baseline on 0/1 scores; returns the share
     of races that certified any finalist, and each finalist's certification share.
 
     Baseline scores are Bernoulli(0.5); each finalist differs from the baseline on a
     ``discordance`` share of records, so that its mean difference is ``true_diff``.
+    ``discrete=False`` races them with the confidence sequence, as a judge's scores are.
     """
     rng = np.random.default_rng(seed)
     up, down = (discordance + true_diff) / 2.0, (discordance - true_diff) / 2.0
-    settings = RaceSettings(margin=margin, alpha=alpha, finalists=k, first_look=25)
+    settings = RaceSettings(margin=margin, alpha=alpha, finalists=k, first_look=25, discrete=discrete)
     recs = numbered_records(pool)
     any_certified, each = 0, np.zeros(k)
     for _ in range(runs):
@@ -484,6 +485,18 @@ def test_race_family_wise_error_rate_with_every_finalist_at_the_margin():
     print(f"race FWER {fwer:.4f} over {runs} races; per finalist {each.round(4).tolist()}")
     assert fwer <= alpha + tolerance(alpha, runs)
     assert np.all(each <= alpha / 3 + tolerance(alpha / 3, runs))
+
+
+def test_race_family_wise_error_rate_with_the_confidence_sequence_looking_every_25_records():
+    """The same races through the confidence sequence (continuous scores' test), which looks
+    every ``first_look`` records (25, 50, 75, 100) with its bets tuned to the pool: still
+    at most alpha, and the same races without a drop are certified, so it is not vacuous."""
+    runs, alpha = 600, 0.1
+    fwer, each = simulate_races(runs, true_diff=-0.2, seed=7, alpha=alpha, discrete=False)
+    print(f"confidence-sequence race FWER {fwer:.4f} over {runs} races; per finalist {each.round(4).tolist()}")
+    assert fwer <= alpha + tolerance(alpha, runs)
+    assert np.all(each <= alpha / 3 + tolerance(alpha / 3, runs))
+    assert simulate_races(100, true_diff=0.1, seed=8, discrete=False)[0] > 0.5
 
 
 def test_race_certifies_finalists_that_are_as_good_as_the_baseline():

@@ -91,3 +91,37 @@ def test_the_profile_waits_for_a_quiet_cpu_only_when_the_machine_was_last_seen_b
     off = QuietGate(lambda: waited.append(-1), enabled=False)
     off.before()
     assert -1 not in waited
+
+
+def test_run_profile_waits_for_a_quiet_cpu_at_the_start_and_after_each_contended_attempt(monkeypatch):
+    """The gate wired into the profiler's loop: 4 units, the second contended once and the
+    fourth twice (each retried); a window is waited for before the first attempt and after
+    every contended one, never after a quiet one."""
+    from types import SimpleNamespace
+
+    import promptdistill.ttft.profile as prof
+
+    shares = iter([0.0, 0.5, 0.0, 0.0, 0.5, 0.5, 0.0])  # foreign CPU share of each attempt
+    events: list = []
+
+    def measure(engine, unit, config, can_reset, own):
+        share = next(shares)
+        events.append(share)
+        return [{"foreign_cpu_share": share, "ttft_ms": 1.0}]
+
+    unit = SimpleNamespace(prompts=("p",), warm=False)
+    monkeypatch.setattr(prof, "plan_units", lambda prompts, config: [unit] * 4)
+    monkeypatch.setattr(prof, "measure_unit", measure)
+    monkeypatch.setattr(prof, "wait_for_quiet", lambda *a, **k: events.append("wait") or True)
+    monkeypatch.setattr(prof, "machine_busy_s", lambda: 1.0)
+    monkeypatch.setattr(prof, "make_row", lambda *a: {"row": 1})
+    monkeypatch.setattr(prof, "identity_columns", lambda engine: {})
+    monkeypatch.setattr(prof, "_machine_columns", lambda engine: {})
+    monkeypatch.setattr(prof, "summarize_points", lambda prompts: {})
+    engine = SimpleNamespace(identity=SimpleNamespace(backend="vllm-local"), reset_prefix_cache=lambda: True,
+                             generate=lambda requests: [])
+    config = prof.ProfileConfig(warmup=0, max_retries=2, quiet_wait_s=5.0, matmul_probe=False)
+    result = prof.run_profile(engine, config, out=None, progress=False,
+                              prompts=[SimpleNamespace(point=SimpleNamespace(batch_id=None))])
+    assert events == ["wait", 0.0, 0.5, "wait", 0.0, 0.0, 0.5, "wait", 0.5, "wait", 0.0]
+    assert len(result.frame) == 7 and result.stopped == "complete"

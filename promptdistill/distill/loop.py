@@ -78,8 +78,8 @@ class DistillConfig:
                            above=0, below=0.5)
     finalists: int = setting(3, "candidates handed to the optimizer and, at most, raced in turn on the certify records "
                                 "(alpha is split among those the pool has room for)", at_least=1)
-    first_look: int = setting(50, "certify records of the race's first look (then doubling; every this many for "
-                                  "continuous scores)", at_least=1)
+    first_look: int = setting(50, "certify records of the race's first look (then doubling; every this many for the "
+                                  "confidence sequence: continuous scores or pools under 100)", at_least=1)
     # The nightly turns the race off: the optimizer races the same finalists (with its
     # example settings) against the same baseline, so a race here would spend the same records twice.
     race: bool = setting(True, "race the finalists on the certify records")

@@ -62,7 +62,8 @@ class SelectionRule:
     finalists: int = setting(3, "most candidates raced in turn on the certify records after screening (alpha is "
                              "split among those the pool has room for)", at_least=1)
     first_look: int = setting(50, "certify records of the race's first look (then doubling up to the pool; every "
-                                  "this many for continuous scores)", at_least=1)
+                                  "this many for the confidence sequence: continuous scores or pools under 100)",
+                              at_least=1)
     # Their template needs the caller to retrieve examples for every request, so by default
     # they are shown (Pareto front, trade-off table) but not published.
     allow_per_request_examples: bool = setting(False, "let candidates with per-request (retrieved) examples win")

@@ -150,7 +150,8 @@ class RaceSettings:
     """Most candidates raced in turn after screening (alpha is split among those the plan admits)."""
     first_look: int = 50
     """Certify records of the first look; each later look doubles it, up to the pool (the
-    confidence sequence, valid at every record, looks every ``first_look`` records)."""
+    confidence sequence, valid at every record, looks every ``first_look`` records: continuous
+    scores, and discrete ones on pools under ``MIN_GROUP_SEQUENTIAL_POOL``)."""
     discrete: bool = True
     """Scores on a small grid (0/1, shares of a few checks): the group-sequential test;
     False (judge, python metrics): the confidence sequence."""

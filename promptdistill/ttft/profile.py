@@ -36,7 +36,7 @@ up to ``max_retries`` times. Before the first measurement, and after a contended
 profiler also waits (up to ``quiet_wait_s``, sleeping, so it adds no load) for a
 half-second in which the others stay under that share (``QuietGate``: after an
 uncontended measurement the machine was just seen quiet, and a window before every
-measurement made up 45% of a quick profile). Every attempt is kept as a row;
+measurement made up 40% of a quick profile: 96 s of 241). Every attempt is kept as a row;
 fitting leaves out flagged rows and says how many. Through a server, its processes'
 CPU time counts as ours when their ids are given (``own_pids``: the server and its
 engine core); otherwise, and on machines without ``/proc/stat``, nothing is checked.
