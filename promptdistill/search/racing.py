@@ -439,7 +439,8 @@ def admitted_finalists(pool: int, *, discordance: float, settings: RaceSettings,
 
 def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
          budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
-         log: Callable[[str], None] = lambda message: None, alpha_each: float | None = None) -> None:
+         log: Callable[[str], None] = lambda message: None, alpha_each: float | None = None,
+         horizon: int | None = None) -> None:
     """Race ``finalists`` against ``baseline`` on ``records`` in turn; sets each one's ``decision``.
 
     One at a time, in the order given (selection's preference): the next only when selection
@@ -451,10 +452,12 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
     Each is tested at ``alpha_each`` (default ``alpha / len(finalists)``). The looks are
     planned from ``len(records)`` before any record is scored; a look runs only when the
     budget (LM calls, then the wall-clock cap) covers it. A race the budget cuts short
-    says so, with the records it reached.
+    says so, with the records it reached. ``horizon``: the records the confidence sequence's
+    bets are tuned for (:attr:`Plan.horizon`, fixed before any certify record; None: the pool).
     """
     alpha = settings.alpha / max(1, len(finalists)) if alpha_each is None else alpha_each
-    test = make_test(discrete=settings.discrete, pool=len(records), alpha=alpha, first_look=settings.first_look)
+    test = make_test(discrete=settings.discrete, pool=len(records), alpha=alpha, first_look=settings.first_look,
+                     horizon=horizon)
     ended: str | None = None
     """Why no later finalist is raced."""
     raced: list[Candidate] = []
@@ -572,7 +575,7 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
             break
         raced.append(nxt)
         race(baseline, [nxt], certify_records, evaluate, budget=budget, settings=settings, resolution=resolution,
-             calls_per_record=calls_per_record, log=log, alpha_each=settings.alpha / k)
+             calls_per_record=calls_per_record, log=log, alpha_each=settings.alpha / k, horizon=plan.horizon)
         if _race_over(baseline, raced, budget, refusals, resolution):
             break
     return raced, plan

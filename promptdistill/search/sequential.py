@@ -4,7 +4,8 @@
   :class:`GroupSequentialTest`, a group-sequential test on the race's planned looks
   (:mod:`promptdistill.search.group_sequential`).
 * Continuous scores (judges, python metrics), and smaller pools: :class:`ConfidenceSequenceTest`,
-  the anytime-valid betting bound below with its bet tuned to the known pool size.
+  the anytime-valid betting bound below with its bet tuned to the records the plan expects
+  the race to need (fixed from the screen records before any certify record is scored).
 
 :func:`plan_records` says, before a race, what margin its pool certifies with 80% power
 and how many records the spec's margin needs. The rest of this docstring is the betting
@@ -77,14 +78,15 @@ _GRID = np.linspace(0.0, 1.0, 801)
 
 
 def _bets(x: np.ndarray, alpha: float, horizon: int | None = None) -> np.ndarray:
-    """Predictable bets: each uses the records before it only. With a ``horizon`` (the
-    pool size, known before the race) the bet is tuned to be tightest there,
-    ``sqrt(2 log(1/alpha) / (sigma^2 horizon))``, instead of shrinking with ``t log t``:
-    still valid at every t (any predictable bet is), and 15% tighter at the pool's end."""
-    t = np.arange(1, x.size + 1, dtype=np.float64)
-    mu = (0.5 + np.cumsum(x)) / (t + 1.0)
-    var = (0.25 + np.cumsum((x - mu) ** 2)) / (t + 1.0)
-    var_prev = np.concatenate(([0.25], var[:-1]))
+    """Predictable bets: each uses the records before it only. With a ``horizon`` (fixed
+    before the race: the records the plan expects it to need, at most the pool) the bet is
+    tuned to be tightest there, ``sqrt(2 log(1/alpha) / (sigma^2 horizon))``, instead of
+    shrinking with ``t log t``: still valid at every t (any predictable bet is), and about
+    15% tighter at the horizon. ``x`` may hold one run per row (the bets run along the last axis)."""
+    t = np.arange(1, x.shape[-1] + 1, dtype=np.float64)
+    mu = (0.5 + np.cumsum(x, axis=-1)) / (t + 1.0)
+    var = (0.25 + np.cumsum((x - mu) ** 2, axis=-1)) / (t + 1.0)
+    var_prev = np.concatenate((np.full(x.shape[:-1] + (1,), 0.25), var[..., :-1]), axis=-1)
     scale = t * np.log1p(t) if horizon is None else float(max(horizon, 1))
     return np.minimum(np.sqrt(2.0 * math.log(1.0 / alpha) / (var_prev * scale)), _BET_CAP)
 
@@ -111,7 +113,8 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float,
     Args:
         diffs: paired differences in [-1, 1], in the order the records were evaluated.
         alpha: the miscoverage of *each* side, over all t at once.
-        horizon: the pool size the bets are tuned for (None: no known end).
+        horizon: the record count the bets are tuned for, fixed before the first record
+            (None: no known end).
 
     Returns:
         (lower, upper), arrays of ``len(diffs)`` in [-1, 1].
@@ -194,11 +197,13 @@ class GroupSequentialTest:
 
 @dataclass(frozen=True)
 class ConfidenceSequenceTest:
-    """Continuous scores: the betting confidence sequence, bets tuned to the pool size."""
+    """Continuous scores: the betting confidence sequence, its bets tuned to ``horizon`` records."""
 
     pool: int
     alpha: float
     first_look: int = 50
+    horizon: int | None = None
+    """The records the bets are tuned for, fixed before the race (:attr:`Plan.horizon`); None: the pool."""
     name = "confidence sequence"
 
     def looks(self) -> list[int]:
@@ -211,7 +216,7 @@ class ConfidenceSequenceTest:
         return list(range(step, self.pool, step)) + [self.pool]
 
     def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
-        lower, upper = confidence_sequence(diffs, alpha=self.alpha, horizon=self.pool)
+        lower, upper = confidence_sequence(diffs, alpha=self.alpha, horizon=self.horizon or self.pool)
         lo, hi = float(lower[-1]), float(upper[-1])
         verdict = "non-inferior" if lo >= -margin else "inferior" if hi <= -margin else None
         return verdict, lo, hi
@@ -224,12 +229,13 @@ trusted (16 tied pairs give z = 1.33 against a 0.1 drop, while a true 0.1 drop l
 valid at any n."""
 
 
-def make_test(*, discrete: bool, pool: int, alpha: float,
-              first_look: int = 50) -> GroupSequentialTest | ConfidenceSequenceTest:
-    """The race's test for this kind of score and pool size (see the module docstring)."""
+def make_test(*, discrete: bool, pool: int, alpha: float, first_look: int = 50,
+              horizon: int | None = None) -> GroupSequentialTest | ConfidenceSequenceTest:
+    """The race's test for this kind of score and pool size (see the module docstring);
+    ``horizon`` tunes the confidence sequence's bets (:attr:`Plan.horizon`)."""
     if discrete and pool >= MIN_GROUP_SEQUENTIAL_POOL:
         return GroupSequentialTest(pool=pool, alpha=alpha, first_look=first_look)
-    return ConfidenceSequenceTest(pool=pool, alpha=alpha, first_look=first_look)
+    return ConfidenceSequenceTest(pool=pool, alpha=alpha, first_look=first_look, horizon=horizon)
 
 
 PLAN_POWER = 0.8
@@ -289,15 +295,21 @@ class Plan:
     basis: str = ""
     """Where the discordance comes from (assumed, or the screen records' upper bound)."""
     power: float = PLAN_POWER
+    horizon: int | None = None
+    """The confidence sequence's bets are tuned to this many records (None: the group-sequential
+    test, which has no bets): the records a race with bets tuned to the whole pool would need
+    with 80% power, at most the pool. Tighter where the race is expected to end, ~5% looser
+    at the pool's end; fixed before any certify record is scored, so the error rate holds."""
 
     def sentence(self) -> str:
         """The plan in one line, for logs and summaries."""
         need = f"~{self.needed} records needed" if self.needed is not None else "more records than planned for"
         verdict = "can" if self.certifiable_margin <= self.margin else "cannot"
         basis = f", {self.basis}" if self.basis else ""
+        tuned = f" tuned to {self.horizon} records" if self.horizon else ""
         return (f"{self.pool} certify records {verdict} certify a drop of at most {self.margin:g} with "
                 f"{self.power:.0%} power (certifiable margin {self.certifiable_margin:.3f} at "
-                f"{self.discordance:.0%} discordant pairs{basis}; {self.test}, alpha {self.alpha:.3g} per "
+                f"{self.discordance:.0%} discordant pairs{basis}; {self.test}{tuned}, alpha {self.alpha:.3g} per "
                 f"candidate; {need} for {self.margin:g})")
 
 
@@ -331,30 +343,41 @@ def _gs_plan(pool: int, discordance: float, margin: float, alpha: float, first_l
     return certifiable, hi
 
 
+def _cs_runs(rng: np.random.Generator, simulations: int, n: int, discordance: float) -> np.ndarray:
+    """``simulations`` runs of ``x = (d + 1) / 2`` at a true tie: ``d`` is +-1 on a ``discordance`` share."""
+    signs = np.where(rng.random((simulations, n)) < 0.5, -1.0, 1.0)
+    return (np.where(rng.random((simulations, n)) < discordance, signs, 0.0) + 1.0) / 2.0
+
+
+def _cs_needed(x: np.ndarray, alpha: float, margin: float, horizon: int) -> int | None:
+    """Records by which 80% of the runs ``x`` have certified ``margin``: the first record where
+    the wealth against "the drop is at least the margin" reaches 1/alpha (None: beyond the runs)."""
+    n, m0 = x.shape[1], (1.0 - margin) / 2.0
+    crossings = []
+    for chunk in np.array_split(x, max(1, x.shape[0] // 200)):  # bounded memory: 200 runs at a time
+        hit = np.cumsum(np.log1p(_bets(chunk, alpha, horizon) * (chunk - m0)), axis=1) >= math.log(1.0 / alpha)
+        crossings.append(np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, n + 1))
+    needed = int(np.quantile(np.concatenate(crossings), PLAN_POWER))
+    return needed if needed <= n else None
+
+
 def _cs_plan(pool: int, discordance: float, margin: float, alpha: float, max_records: int, simulations: int,
-             seed: int) -> tuple[float, int | None]:
+             seed: int, first_look: int) -> tuple[float, int | None, int]:
+    """(certifiable margin, records needed, horizon) for the confidence sequence, by simulation
+    with a fixed seed; the race tunes its bets to the horizon, and so does the plan."""
     rng = np.random.default_rng(seed)
-    n = max(pool, 1)
+    runs = _cs_runs(rng, simulations, max_records, discordance)
+    untuned = _cs_needed(runs, alpha, margin, pool if pool > 0 else max_records)
+    if pool > 0:
+        horizon = min(pool, max(untuned or pool, min(first_look, pool)))
+    else:
+        horizon = untuned or max_records
     certifiable = 1.0
     if pool > 0:
-        signs = np.where(rng.random((simulations, pool)) < 0.5, -1.0, 1.0)
-        x = (np.where(rng.random((simulations, pool)) < discordance, signs, 0.0) + 1.0) / 2.0
-        drops = [-(2.0 * float(_lower_x(row, alpha, pool)[-1]) - 1.0) for row in x]
+        drops = [-(2.0 * float(_lower_x(row, alpha, horizon)[-1]) - 1.0)
+                 for row in _cs_runs(rng, simulations, pool, discordance)]
         certifiable = max(0.0, float(np.quantile(drops, PLAN_POWER)))
-    # Records needed: when the wealth against "the drop is at least the margin" first reaches
-    # 1/alpha, run by run (bets tuned to the pool, as the race tunes them); 80% of runs by then.
-    horizon = pool if pool > 0 else max_records
-    n = max_records
-    signs = np.where(rng.random((simulations, n)) < 0.5, -1.0, 1.0)
-    x = (np.where(rng.random((simulations, n)) < discordance, signs, 0.0) + 1.0) / 2.0
-    m0 = (1.0 - margin) / 2.0
-    crossings = []
-    for row in x:
-        log_wealth = np.cumsum(np.log1p(_bets(row, alpha, horizon) * (row - m0)))
-        hit = np.flatnonzero(log_wealth >= math.log(1.0 / alpha))
-        crossings.append(int(hit[0]) + 1 if hit.size else n + 1)
-    needed = int(np.quantile(crossings, PLAN_POWER))
-    return certifiable, (needed if needed <= n else None)
+    return certifiable, _cs_needed(runs, alpha, margin, horizon), horizon
 
 
 def plan_records(pool: int, *, discordance: float, margin: float, alpha: float, discrete: bool = True,
@@ -380,11 +403,12 @@ def plan_records(pool: int, *, discordance: float, margin: float, alpha: float, 
         if needed is not None and needed < MIN_GROUP_SEQUENTIAL_POOL:
             needed = MIN_GROUP_SEQUENTIAL_POOL
     if not discrete or small:
-        certifiable, cs_needed = _cs_plan(pool, discordance, margin, alpha, min(max_records, 5000), simulations, seed)
+        certifiable, cs_needed, horizon = _cs_plan(pool, discordance, margin, alpha, min(max_records, 5000),
+                                                   simulations, seed, first_look)
         test = ConfidenceSequenceTest.name
         if not discrete:
             needed = cs_needed
     else:
-        certifiable, test = gs_certifiable, GroupSequentialTest.name
+        certifiable, test, horizon = gs_certifiable, GroupSequentialTest.name, None
     return Plan(pool=pool, discordance=discordance, alpha=alpha, margin=margin, certifiable_margin=certifiable,
-                needed=needed, test=test, basis=basis)
+                needed=needed, test=test, basis=basis, horizon=horizon)
