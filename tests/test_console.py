@@ -47,7 +47,8 @@ class Clock:
 
 
 def night(clock: Clock, distill: float | None = 2.0) -> RunProgress:
-    steps = plan_night(["a", "b"], ttft_minutes=4.0, distill_minutes=distill, optimize_minutes=2.0, startup_s=60,
+    steps = plan_night(["a", "b"], ttft_minutes=4.0, distill_minutes=None if distill is None else
+                       {"a": distill, "b": distill}, optimize_minutes={"a": 2.0, "b": 2.0}, startup_s=60,
                        overhead_s=30, report_s=15)
     return RunProgress(steps, clock=clock)
 
@@ -60,11 +61,37 @@ def event(stage: str, state: str, spec: str = "") -> ProgressEvent:
 
 
 def test_the_plan_follows_the_flow_and_the_budget():
-    steps = plan_night(["a", "b"], ttft_minutes=4.0, distill_minutes=2.0, optimize_minutes=3.0)
+    steps = plan_night(["a", "b"], ttft_minutes=4.0, distill_minutes={"a": 2.0, "b": 1.0},
+                       optimize_minutes={"a": 3.0, "b": 6.0})
     assert [s.key for s in steps] == ["start-up", "ttft", "distill:a", "optimize:a", "distill:b", "optimize:b", "report"]
-    assert [s.estimate_s for s in steps[1:4]] == [270.0, 150.0, 210.0]
-    no_distill = plan_night(["a"], ttft_minutes=1.0, distill_minutes=None, optimize_minutes=1.0)
+    assert [s.estimate_s for s in steps[1:]] == [245.0, 125.0, 185.0, 65.0, 365.0, 15.0]
+    no_distill = plan_night(["a"], ttft_minutes=1.0, distill_minutes=None, optimize_minutes={"a": 1.0})
     assert [s.key for s in no_distill] == ["start-up", "ttft", "optimize:a", "report"]
+
+
+def test_each_spec_is_expected_at_its_own_pace():
+    """A spec's stage is expected to take its typical share of the LM-call budget at its reply
+    budget's pace (summarize's 320 tokens against ticket_triage's 16), at most the stage's cap;
+    after one spec ran, the others are corrected by the same ratio, so a fast first spec no
+    longer makes a slow one look fast (the bundled specs' 0101013 make run: format_rules' optimize
+    took 1.7 minutes, summarize's 10.3)."""
+    from promptdistill.pipeline.budgets import expected_minutes, seconds_per_lm_call
+
+    assert seconds_per_lm_call(320) > 3 * seconds_per_lm_call(48) > seconds_per_lm_call(16)
+    assert seconds_per_lm_call(None) == seconds_per_lm_call(256)
+    minutes = {name: expected_minutes("optimize", 4000, 30.0, tokens)
+               for name, tokens in {"format_rules": 40, "summarize": 320}.items()}
+    assert minutes["summarize"] > 4 * minutes["format_rules"]
+    assert expected_minutes("optimize", 40000, 30.0, 320) == 30.0
+    clock = Clock()
+    p = RunProgress(plan_night(list(minutes), ttft_minutes=1.0, distill_minutes=None, optimize_minutes=minutes,
+                               overhead_s=0), clock=clock)
+    p.on_event(event("optimize", "running", "format_rules"))
+    clock.now += 1.7 * 60
+    p.on_event(event("optimize", "done", "format_rules"))
+    ratio = p.left(p.step("optimize:summarize")) / (1.7 * 60)
+    assert ratio == pytest.approx(minutes["summarize"] / minutes["format_rules"])
+    assert 3.0 < ratio < 12.0
 
 
 def test_events_name_their_step_and_refuse_unknown_states():

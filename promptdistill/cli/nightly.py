@@ -75,6 +75,18 @@ def _nightly(args: argparse.Namespace) -> int:
     return _report(outcome, state, settings.registry, log_path)
 
 
+def _max_tokens(path: Any) -> int | None:
+    """The spec's reply budget, for the progress estimate only (a spec that does not load
+    gets the default; the flow reports its errors)."""
+    from promptdistill.core.errors import SpecError
+    from promptdistill.specs.load import load_spec
+
+    try:
+        return load_spec(path).max_tokens
+    except SpecError:
+        return None
+
+
 def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     """Run the flow with the progress display on ``terminal``; returns (outcome, final state)."""
     from promptdistill.flows.nightly import nightly
@@ -86,11 +98,14 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     params = stage_settings(args.budget, distill_instructions=not args.no_distill)
     max_age = TTFTFreshness.max_age_hours if args.ttft_max_age_hours is None else args.ttft_max_age_hours
     specs = [s.strip() for s in args.specs.split(",") if s.strip()] if args.specs else None
-    steps = plan_night([p.stem for p in select_spec_files(args.prompts_dir, specs)],
-                       ttft_minutes=params["ttft_budget"].minutes,
-                       distill_minutes=None if params["distill"] is None else
-                       expected_minutes(params["distill"].max_lm_calls, params["distill"].max_minutes),
-                       optimize_minutes=expected_minutes(params["budget"].max_lm_calls, params["budget"].max_minutes))
+    reply_tokens = {p.stem: _max_tokens(p) for p in select_spec_files(args.prompts_dir, specs)}
+    distill, budget = params["distill"], params["budget"]
+    steps = plan_night(list(reply_tokens), ttft_minutes=params["ttft_budget"].minutes,
+                       distill_minutes=None if distill is None else
+                       {name: expected_minutes("distill", distill.max_lm_calls, distill.max_minutes, tokens)
+                        for name, tokens in reply_tokens.items()},
+                       optimize_minutes={name: expected_minutes("optimize", budget.max_lm_calls, budget.max_minutes,
+                                                                tokens) for name, tokens in reply_tokens.items()})
     # --verbose: library output shares the terminal, so plain lines instead of a live table.
     display = ProgressDisplay(RunProgress(steps), terminal, live=None if terminal.log_path else False)
     # After the imports above: Prefect's logging set-up replaces the root logger's handlers.

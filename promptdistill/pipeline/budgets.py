@@ -17,7 +17,7 @@ from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.presets import BUDGET_PRESETS
 from promptdistill.ttft.profile import ProfileConfig
 
-__all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "expected_minutes", "stage_settings", "task_timeout_s"]
+__all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "expected_minutes", "seconds_per_lm_call", "stage_settings", "task_timeout_s"]
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,23 @@ class TTFTBudget:
         return ProfileConfig(**kwargs).validate()
 
 
-SECONDS_PER_LM_CALL = 0.12
-"""The embedded model's pace on a 2-core CPU, batched (measured: 1,348 calls in 2.4 minutes):
-only for the progress display's estimate, never for a decision."""
+def seconds_per_lm_call(max_tokens: int | None) -> float:
+    """The embedded model's pace per LM call on a 2-core CPU, batched, by the spec's reply
+    budget (``output.max_tokens``; None: 256): 0.03 s + 1.6 ms per token, the least-squares
+    line through the five bundled specs' optimize stages in ``make run`` at 0101013 (0.07 s
+    a call at 40 tokens, 0.53 s at 320). Only for the progress display, never for a decision."""
+    return 0.03 + 0.0016 * (256 if max_tokens is None else max_tokens)
 
 
-def expected_minutes(max_lm_calls: int, cap_minutes: float) -> float:
-    """A stage's expected length for the progress display: its LM calls at the measured pace,
-    at most its cap."""
-    return min(cap_minutes, max_lm_calls * SECONDS_PER_LM_CALL / 60.0)
+SPENT_SHARE = {"distill": 0.5, "optimize": 0.3}
+"""The share of its LM-call budget a stage typically spends (races stop early): in ``make run``
+at 0101013 the distiller spent 103-188 of its 300 calls, the optimizer 848-1,480 of 4,000."""
+
+
+def expected_minutes(stage: str, max_lm_calls: int, cap_minutes: float, max_tokens: int | None) -> float:
+    """A stage's expected length on one spec, for the progress display: the calls it typically
+    spends at the spec's pace, at most its cap. The display corrects it by the finished steps."""
+    return min(cap_minutes, SPENT_SHARE[stage] * max_lm_calls * seconds_per_lm_call(max_tokens) / 60.0)
 
 
 def task_timeout_s(*max_minutes: float) -> float:

@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,24 +173,27 @@ class Step:
         return step_key(self.stage, self.spec)
 
 
-def plan_night(specs: Sequence[str], *, ttft_minutes: float, distill_minutes: float | None, optimize_minutes: float,
-               startup_s: float = 60.0, overhead_s: float = 30.0, report_s: float = 15.0) -> list[Step]:
+def plan_night(specs: Sequence[str], *, ttft_minutes: float, distill_minutes: Mapping[str, float] | None,
+               optimize_minutes: Mapping[str, float], startup_s: float = 60.0, overhead_s: float = 5.0,
+               report_s: float = 15.0) -> list[Step]:
     """The steps of a nightly run, in order, with the budget's estimates.
 
     Args:
         specs: the spec names, in the order the flow runs them.
         ttft_minutes: the TTFT profile's budget (the step is skipped when the model is fresh).
-        distill_minutes: the distiller's budget per spec; None: no distill step.
-        optimize_minutes: the optimizer's budget per spec.
+        distill_minutes: the distiller's expected minutes per spec (specs differ tenfold in
+            reply length); None: no distill step.
+        optimize_minutes: the optimizer's expected minutes per spec.
         startup_s: Prefect's server and the engine's start-up.
-        overhead_s: added to each stage's minutes (fitting, verification, publishing).
+        overhead_s: added to each stage's minutes (the task's own start and publishing; the
+            expected minutes already hold the verification, measured with it).
         report_s: the night's report.
     """
     steps = [Step("start-up", estimate_s=startup_s), Step("ttft", estimate_s=ttft_minutes * 60 + overhead_s)]
     for spec in specs:
         if distill_minutes is not None:
-            steps.append(Step("distill", spec, distill_minutes * 60 + overhead_s))
-        steps.append(Step("optimize", spec, optimize_minutes * 60 + overhead_s))
+            steps.append(Step("distill", spec, distill_minutes[spec] * 60 + overhead_s))
+        steps.append(Step("optimize", spec, optimize_minutes[spec] * 60 + overhead_s))
     return steps + [Step("report", estimate_s=report_s)]
 
 
