@@ -77,6 +77,8 @@ def test_ttft_budget_maps_onto_the_profiler_config():
     assert (config.prompts_dir, config.seed) == ("p", 3)
     assert config.queue_batches and budgets.TTFTBudget(queue_probe=False).profile_config().queue_batches == ()
     assert budgets.budget_preset("quick")["ttft_budget"].profile_config().queue_batches == ()
+    # The matmul peak is the study's (bench/ttft_study), not the model's: a nightly refresh skips it.
+    assert not config.matmul_probe and budgets.TTFTBudget(matmul_probe=True).profile_config().matmul_probe
 
 
 def test_ttft_budget_refuses_bad_values_and_unknown_fields():

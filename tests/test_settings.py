@@ -35,7 +35,7 @@ DEFAULTS = {
     SelectionRule: dict(ttft="expected", warm_share=None, alpha=0.1, finalists=3, first_look=50,
                         allow_per_request_examples=False, verify_on_test=True),
     TTFTBudget: dict(points=24, repeats=2, spec_records=2, minutes=6.0, density_probe=True, fewshot_probe=True,
-                     queue_probe=True, keep_contended=False),
+                     queue_probe=True, keep_contended=False, matmul_probe=False),
     ProfileConfig: dict(points=40, repeats=3, budget_s=420.0, min_tokens=48, max_tokens=None,
                         density_probe_tokens=(256, 1024), fewshot_probe=True, spec_records=2,
                         ladder_tokens=(128, 256, 512, 1024, 2048), queue_batches=((4, 384), (8, 768), (3, 1536)),

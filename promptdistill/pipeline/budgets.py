@@ -34,6 +34,8 @@ class TTFTBudget:
                                 "The nightly's decisions price requests alone, as a server profile does")
     keep_contended: bool = setting(False, "fit on rows measured while other work took the CPU too (by default they "
                                    "are left out; keep them on a machine that is never idle)")
+    matmul_probe: bool = setting(False, "measure the machine's matmul peak before and after (about 10 s each and "
+                                 "a wait for a quiet CPU): only the TTFT study reads it, not the model")
 
     def __post_init__(self) -> None:
         check(self)
@@ -42,7 +44,7 @@ class TTFTBudget:
         """The profiler's ``ProfileConfig`` for this budget."""
         kwargs: dict[str, Any] = dict(points=self.points, repeats=self.repeats, spec_records=self.spec_records,
                                       budget_s=self.minutes * 60.0, fewshot_probe=self.fewshot_probe,
-                                      prompts_dir=str(prompts_dir), seed=seed)
+                                      matmul_probe=self.matmul_probe, prompts_dir=str(prompts_dir), seed=seed)
         if not self.density_probe:
             kwargs["density_probe_tokens"] = ()
         if not self.queue_probe:

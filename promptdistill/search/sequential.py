@@ -49,6 +49,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -380,6 +381,7 @@ def _cs_plan(pool: int, discordance: float, margin: float, alpha: float, max_rec
     return certifiable, _cs_needed(runs, alpha, margin, horizon), horizon
 
 
+@functools.lru_cache(maxsize=128)  # screening, finalist planning and the summary ask the same plan
 def plan_records(pool: int, *, discordance: float, margin: float, alpha: float, discrete: bool = True,
                  first_look: int = 50, max_records: int = 20000, simulations: int = 1000, seed: int = 0,
                  basis: str = "") -> Plan:
