@@ -27,7 +27,6 @@ from promptdistill.pipeline.night_report import (
     REPORT_PART,
     Night,
     diff_counts,
-    diff_text,
     latest_run_id,
     load_night,
     prompt_diff,
@@ -39,7 +38,7 @@ from promptdistill.pipeline.report import failed_row, summary_frame, summary_row
 from promptdistill.pipeline.stages import result_figures
 from promptdistill.registry.store import Registry
 from promptdistill.specs.clauses import split_text_clauses
-from promptdistill.specs.diff import DiffOp, diff_units
+from promptdistill.specs.diff import diff_text, diff_units
 from promptdistill.specs.load import load_spec
 from promptdistill.ttft.estimators import MonomialRegressor
 from promptdistill.ttft.model import TTFTModel
@@ -60,7 +59,7 @@ def test_diff_units_are_the_shared_clauses_with_their_separators():
     assert diff_units('Say "hi." Then stop, e.g. Now.\nRules:\n- One.\n') == \
         ['Say "hi." Then stop, e.g. Now.', "\nRules:", "\n- One.\n"]
     assert diff_units("A. B.") == [c.sep + c.text for c in split_text_clauses("A. B.")]
-    assert prompt_diff is night_report.prompt_diff and DiffOp is night_report.DiffOp
+    assert prompt_diff is night_report.prompt_diff
 
 
 def test_the_diff_marks_removed_added_and_rewritten_clauses():

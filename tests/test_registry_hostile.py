@@ -27,7 +27,7 @@ from test_registry import make_content
 
 from promptdistill.cli import main as cli_main
 from promptdistill.core.errors import IntegrityError
-from promptdistill.core.jsonio import atomic_write, write_json
+from promptdistill.core.jsonio import atomic_write, write_json, write_parquet
 from promptdistill.registry import Registry
 from promptdistill.registry.records import _record_hash
 
@@ -373,7 +373,6 @@ def test_files_written_atomically_get_the_umask_mode(tmp_path, umask, mask, mode
     import pandas as pd
 
     from promptdistill.specs.datasets import write_records
-    from promptdistill.ttft.profile import write_parquet
     from bench.ttft_study.report import _atomic_write as report_write  # the TTFT study's writer
 
     umask(mask)
@@ -384,7 +383,7 @@ def test_files_written_atomically_get_the_umask_mode(tmp_path, umask, mask, mode
         atomic_write(out / "a.parquet", lambda p: pd.DataFrame({"a": [1]}).to_parquet(p, index=False)),
         write_json(out / "result.json", {"a": 1}),
         write_records(out / "data.jsonl", [{"id": "a", "split": "train", "inputs": {"q": "x"}, "expected": 1}]),
-        write_parquet(pd.DataFrame({"a": [1]}), out / "profile.parquet"),
+        write_parquet(out / "profile.parquet", pd.DataFrame({"a": [1]})),
     ]
     report_write(out / "report.md", "# r\n")
     written.append(out / "report.md")

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from promptdistill.core.stats import bootstrap_ci, paired_diffs
+from promptdistill.core.stats import MeanCI, bootstrap_ci, paired_diffs
 from promptdistill.evaluate.evaluator import EvalReport, evaluate_many
 from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.predict import MIN_TTFT_MS
@@ -173,8 +173,7 @@ def _content(spec: Spec, cand: ExampleCandidate, tb: TokenBudget, constrained: b
 
 def _test_figures(run: OptimizeRun, report: EvalReport, base_report: EvalReport | None) -> dict[str, Any]:
     ci = bootstrap_ci(report.scores, seed=run.seed)
-    out = {"test_mean": ci.mean, "test_ci_low": ci.low, "test_ci_high": ci.high, "test_n": ci.n,
-           "test_valid_json_rate": report.valid_json_rate}
+    out = {**ci.to_dict("test_"), "test_valid_json_rate": report.valid_json_rate}
     if base_report is not None:
         diffs = paired_diffs(report.scores, base_report.scores)
         diff_ci = bootstrap_ci(diffs.tolist(), seed=run.seed) if diffs.size else None
@@ -186,11 +185,10 @@ def _test_figures(run: OptimizeRun, report: EvalReport, base_report: EvalReport 
 
 def _dev_figures(cand: ExampleCandidate, run: OptimizeRun) -> dict[str, Any]:
     report = cand.raced if cand.raced is not None else cand.screen
-    ci = bootstrap_ci(report.scores, seed=run.seed) if report is not None else None
+    ci = bootstrap_ci(report.scores, seed=run.seed) if report is not None else MeanCI(None, None, None, 0)
     p = cand.prediction
     return {"candidate_id": cand.id, "variant": cand.variant, "strategy": cand.strategy, "k": cand.k,
-            "dev_mean": ci.mean if ci else None, "dev_ci_low": ci.low if ci else None,
-            "dev_ci_high": ci.high if ci else None, "dev_n": ci.n if ci else 0,
+            **ci.to_dict("dev_"),
             "race_n": cand.raced.n if cand.raced is not None else 0,
             "dev_valid_json_rate": report.valid_json_rate if report is not None else None,
             "decision": cand.decision.to_dict(),

@@ -19,11 +19,9 @@ _COLOURS = {"baseline": "black", "none": "tab:gray", "fixed": "tab:blue", "simil
 
 def plot_pareto(result: Any, path: str | os.PathLike[str]) -> None:
     """Draw ``result``'s Pareto front and density curve into a PNG at ``path``."""
-    import matplotlib
+    from promptdistill.ttft.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     df = result.candidates[result.candidates["screen_quality"].notna()]
     cost = f"ttft_{result.ttft_kind}_ms"
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [3, 2]})

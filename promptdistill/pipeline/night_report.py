@@ -44,13 +44,13 @@ from promptdistill.pipeline.stages import stage_dir
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
 from promptdistill.specs.datasets import dataset_for
-from promptdistill.specs.diff import DiffOp, diff_counts, diff_text, mark, prompt_diff
+from promptdistill.specs.diff import diff_counts, mark, prompt_diff
 from promptdistill.specs.load import load_spec
 from promptdistill.specs.prompt import build_system
 from promptdistill.specs.render import unescape_braces
 
-__all__ = ["REPORT_PART", "DiffOp", "Night", "diff_counts", "diff_text", "latest_run_id", "load_night", "prompt_diff",
-           "prompt_rows", "render_night_report", "write_night_report"]
+__all__ = ["REPORT_PART", "Night", "diff_counts", "latest_run_id", "load_night", "prompt_diff", "prompt_rows",
+           "render_night_report", "write_night_report"]
 
 REPORT_PART = "report"
 """Run log part holding what the report needs beyond the summary rows (prompt texts, folders)."""

@@ -32,6 +32,8 @@ CANDIDATE_LABEL = "candidate"
 """Every published result gets this label."""
 PRODUCTION_LABEL = "production"
 """What services load (``NAME@production``); moved only by :func:`promotion`'s rule."""
+_LOOKBACK = 20
+"""How many of a template's latest versions :func:`publish_once` checks for a rerun's publish."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,6 @@ def publish_once(
     provenance: Mapping[str, Any] | None = None,
     metrics: Mapping[str, Any] | None = None,
     reason: str = "",
-    lookback: int = 20,
 ) -> tuple[VersionRecord, bool]:
     """Publish ``content`` unless a recent version came from the same ``run_key`` with the
     same content. Returns (record, created).
@@ -82,7 +83,7 @@ def publish_once(
     publishing and labelling); a label someone moved away since (a rollback) stays put.
     """
     chash = content_hash(dict(content))
-    for version in reversed(registry.versions(name)[-lookback:]):
+    for version in reversed(registry.versions(name)[-_LOOKBACK:]):
         record = registry.get_version(name, version)
         if record.provenance.get("run_key") == run_key and record.content_hash == chash:
             missing = [label for label in labels

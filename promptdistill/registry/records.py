@@ -141,12 +141,11 @@ def check_version(version: Any) -> int:
     return version
 
 
-def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None,
-              default_label: str | None = "production") -> tuple[str, str | None, int | None]:
+def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None) -> tuple[str, str | None, int | None]:
     """Split ``name@label`` / ``name:3`` / ``name`` into (name, label, version).
 
     Exactly one of label and version is set in the result; a bare name with neither
-    argument gets ``default_label``.
+    argument gets ``production``.
 
     Raises:
         RegistryError: a malformed reference, or a label/version given twice.
@@ -173,9 +172,7 @@ def parse_ref(ref: Any, *, label: str | None = None, version: int | None = None,
     if ref_version is not None:
         check_version(ref_version)
     elif ref_label is None:
-        if default_label is None:
-            raise RegistryError(f"{ref!r}: name a label (name@production) or a version (name:3)")
-        ref_label = default_label
+        ref_label = "production"
     return name, ref_label, ref_version
 
 

@@ -79,21 +79,7 @@ def render_text(template: str, values: Mapping[str, Any]) -> str:
     Raises:
         KeyError: a placeholder has no value (the message names it).
     """
-
-    def fill(m: re.Match[str]) -> str:
-        tok = m.group(0)
-        if tok == "{{":
-            return "{"
-        if tok == "}}":
-            return "}"
-        name = m.group(1)
-        if name is None:
-            raise TemplateSyntaxError(f"stray {tok!r} at char {m.start()} in template")
-        if name not in values:
-            raise KeyError(f"missing input {name!r}; the template needs {placeholders(template)}")
-        return value_text(values[name])
-
-    return _TOKEN.sub(fill, template)
+    return render_text_spans(template, values)[0]
 
 
 def render_text_spans(template: str, values: Mapping[str, Any]) -> tuple[str, list[tuple[str, int, int]]]:

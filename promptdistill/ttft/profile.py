@@ -55,7 +55,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from promptdistill.core.jsonio import atomic_write
+from promptdistill.core.jsonio import write_parquet
 from promptdistill.core.settings import check, setting
 from promptdistill.engine.base import Engine, GenerationRequest
 from promptdistill.specs.prompt import format_example
@@ -90,7 +90,6 @@ __all__ = [
     "wait_for_quiet",
     "plan_prompts",
     "run_profile",
-    "write_parquet",
 ]
 
 
@@ -265,7 +264,7 @@ def run_profile(
         if not frame.empty:
             frame = frame.assign(**_peak_columns(peaks))
         if path is not None and not frame.empty:
-            write_parquet(frame, path)
+            write_parquet(path, frame)
     queue = "measured" if any(p.point.batch_id for p in prompts) else (
         "not planned" if _in_process(engine) else "left out: over HTTP the arrival order and engine step are not observable")
     return ProfileResult(
@@ -330,8 +329,3 @@ def _output_path(out: str | os.PathLike[str] | None, run_id: str) -> Path | None
     if path.suffix != ".parquet":
         path = path / f"profile-{run_id}.parquet"
     return path
-
-
-def write_parquet(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
-    """Write atomically: a temporary file in the same folder, then a rename."""
-    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
