@@ -598,10 +598,10 @@ def test_ttft_figures_travel_with_the_model(registry, fitted, tmp_path):
     png = b"\x89PNG\r\n\x1a\n" + b"1" * 50
     ttft_models.publish_ttft_model(registry, model, figures={"pred_vs_measured": png})
     assert ttft_models.load_ttft_model(registry, IDENTITY).version == model.version  # extra files do not disturb loading
-    path = ttft_models.ttft_figure(registry, IDENTITY.key(), model.version, "pred_vs_measured", tmp_path)
+    path = ttft_models.ttft_figure(registry, IDENTITY.key(), model.version, tmp_path)
     assert path is not None and path.read_bytes() == png
-    assert ttft_models.ttft_figure(registry, IDENTITY.key(), model.version, "residuals", tmp_path) is None
-    assert ttft_models.ttft_figure(registry, IDENTITY.key(), "other-version", "pred_vs_measured", tmp_path) is None
+    assert ttft_models.ttft_figure(registry, IDENTITY.key(), model.version, tmp_path, name="residuals") is None
+    assert ttft_models.ttft_figure(registry, IDENTITY.key(), "other-version", tmp_path) is None
 
 
 def test_endpoint_load_rows_are_the_run_s_share_per_endpoint():

@@ -415,7 +415,7 @@ def test_the_refresh_publishes_the_model_its_error_noise_floor_and_fit_figure_wi
     card = (folder / "report.md").read_text()
     assert f"{info['noise_floor']['floor_vs_medians']:.1%} against medians" in card
     assert "(pred_vs_measured.png)" in card and model.version in card
-    stored = ttft_figure(registry, IDENT.key(), model.version, "pred_vs_measured", tmp_path / "out")
+    stored = ttft_figure(registry, IDENT.key(), model.version, tmp_path / "out")
     assert stored.read_bytes() == (folder / "pred_vs_measured.png").read_bytes()
 
 

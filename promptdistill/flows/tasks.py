@@ -251,7 +251,7 @@ def record_spec(result: dict[str, Any], row: dict[str, Any], registry_root: str,
     ttft = result["provenance"].get("ttft_model", {})
     if ttft.get("engine_key") and ttft.get("version"):
         plots["TTFT model: predicted vs measured (held-out prompts)"] = ttft_figure(
-            registry, ttft["engine_key"], ttft["version"], "pred_vs_measured", folder)
+            registry, ttft["engine_key"], ttft["version"], folder)
     create_markdown_artifact(markdown=spec_report_markdown(row, kind=result["ttft_kind"], plots=plots,
                                                            links={"candidate log": log_url}),
                              key=artifact_key(name, "report"), description=f"{name}: baseline vs winner")

@@ -55,7 +55,6 @@ __all__ = ["REPORT_PART", "Night", "diff_counts", "latest_run_id", "load_night",
 REPORT_PART = "report"
 """Run log part holding what the report needs beyond the summary rows (prompt texts, folders)."""
 REPORT_FILE = "report.html"
-TTFT_FIT_FIGURE = "pred_vs_measured"
 
 
 # ------------------------------------------------------------ what the run stores
@@ -161,7 +160,7 @@ def load_night(registry: Registry, run_id: str, *, state_dir: str | Path) -> Nig
         ident = (model.get("engine_key"), model.get("version"))
         if all(ident) and ident not in fits:
             with tempfile.TemporaryDirectory() as tmp:  # ttft_figure writes a file; we only want its bytes
-                path = ttft_figure(registry, ident[0], ident[1], TTFT_FIT_FIGURE, tmp)
+                path = ttft_figure(registry, ident[0], ident[1], tmp)
                 fits[ident] = path.read_bytes() if path is not None else None
         if fits.get(ident):
             images[name]["ttft"] = fits[ident]

@@ -139,9 +139,11 @@ def publish_ttft_model(registry: Registry, model: TTFTModel, *, extra: Mapping[s
                                  labels=["current"])
 
 
-def ttft_figure(registry: Registry, engine_key: str, model_version: str, name: str, out_dir: str | Path) -> Path | None:
-    """A figure stored with the TTFT model ``model_version`` of an engine, written to
-    ``out_dir`` (None when that model or figure is not in the registry)."""
+def ttft_figure(registry: Registry, engine_key: str, model_version: str, out_dir: str | Path, *,
+                name: str = FIT_FIGURE) -> Path | None:
+    """A figure stored with the TTFT model ``model_version`` of an engine (by default the fit's
+    predicted-vs-measured plot), written to ``out_dir`` (None when that model or figure is not
+    in the registry)."""
     for version in reversed(registry.artifact_versions(TTFT_ARTIFACT_KIND, engine_key)):
         record = registry.get_artifact(TTFT_ARTIFACT_KIND, engine_key, version=version)
         if record.metadata.get("model_version") != model_version:
