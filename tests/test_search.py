@@ -366,7 +366,7 @@ def test_the_repeated_interval_agrees_with_the_decision():
 
 
 @pytest.mark.parametrize("horizon", [None, 100])
-def test_continuous_scores_keep_an_anytime_valid_bound_tuned_to_the_pool(horizon):
+def test_continuous_scores_keep_an_anytime_valid_bound_whatever_its_fixed_horizon(horizon):
     """Judge-like scores at exactly -margin, every look of the race (every 50 records): the
     confidence sequence's false certification share is at most alpha over 600 runs (a limit
     below 2 x alpha), with its bets tuned to the pool or to a horizon a quarter of it (any
@@ -377,7 +377,11 @@ def test_continuous_scores_keep_an_anytime_valid_bound_tuned_to_the_pool(horizon
     assert alpha + tolerance(alpha, runs) < 2 * alpha
     diffs = rng.beta(0.45, 0.55, (runs, n)) - rng.beta(0.5, 0.5, (runs, n))
     test = ConfidenceSequenceTest(pool=n, alpha=alpha, horizon=horizon)
-    certified = [any(test.decide(row[:k], MARGIN)[0] == "non-inferior" for k in test.looks()) for row in diffs]
+    looks_at = np.array(test.looks()) - 1
+    # The bound after record k is the same whether the run stops there or goes on (its bets are
+    # predictable), so one pass per run gives the decision at every look.
+    certified = [bool(np.any(confidence_sequence(row, alpha=alpha, horizon=horizon or n)[0][looks_at] >= -MARGIN))
+                 for row in diffs]
     share = float(np.mean(certified))
     print(f"continuous, horizon {horizon or n}: false certification {share:.4f} over {runs} runs")
     assert share <= alpha + tolerance(alpha, runs)
@@ -1004,21 +1008,22 @@ def test_screen_then_race_with_one_admitted_finalist_races_no_fallback():
 
 def test_a_continuous_race_tunes_its_bets_to_the_plans_horizon(monkeypatch):
     """screen_then_race hands the plan's horizon (fixed from the screen records) to the race's
-    confidence sequence; the group-sequential test of a discrete race has none."""
-    made = []
+    confidence sequence, at the plan's alpha share and pool, with one finalist admitted or
+    several; the group-sequential test of a discrete race has none."""
+    made, original = [], racing.make_test
 
     def recording(**kw):
-        made.append(racing.make_test.__wrapped__(**kw))
+        made.append(original(**kw))
         return made[-1]
 
-    recording.__wrapped__ = racing.make_test
     monkeypatch.setattr(racing, "make_test", recording)
-    for discrete in (False, True):
+    for discrete, finalists in ((False, 1), (False, 3), (True, 1)):
         base, cands, screen_recs, certify, ev = fallback_setup([float(i % 2 == 0) for i in range(16, 1000)])
+        settings = RaceSettings(margin=0.05, alpha=0.1, finalists=finalists, discrete=discrete)
         raced, plan = screen_then_race(base, cands, screen_recs, certify, ev, budget=Budget(FakeMeter(), **GENEROUS),
-                                       settings=RaceSettings(margin=0.05, alpha=0.1, finalists=1, discrete=discrete),
-                                       resolution=EXACT, every=False)
+                                       settings=settings, resolution=EXACT, every=False)
         test = made[-1]
+        assert test.alpha == pytest.approx(plan.alpha) and test.pool == plan.pool == 984
         if discrete:
             assert isinstance(test, GroupSequentialTest) and plan.horizon is None
         else:

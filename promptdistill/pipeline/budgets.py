@@ -55,8 +55,9 @@ class TTFTBudget:
 def seconds_per_lm_call(max_tokens: int | None) -> float:
     """The embedded model's pace per LM call on a 2-core CPU, batched, by the spec's reply
     budget (``output.max_tokens``; None: 256): 0.03 s + 1.6 ms per token, the least-squares
-    line through the five bundled specs' optimize stages in ``make run`` at 0101013 (0.07 s
-    a call at 40 tokens, 0.53 s at 320). Only for the progress display, never for a decision."""
+    line through the five bundled specs' optimize stages in ``make run`` at 0101013 (measured:
+    0.07 s a call at 40 tokens, 0.08 at 16, 0.24 at 128, 0.53 at 320). Only for the progress
+    display, never for a decision."""
     return 0.03 + 0.0016 * (256 if max_tokens is None else max_tokens)
 
 

@@ -307,7 +307,7 @@ class Plan:
         need = f"~{self.needed} records needed" if self.needed is not None else "more records than planned for"
         verdict = "can" if self.certifiable_margin <= self.margin else "cannot"
         basis = f", {self.basis}" if self.basis else ""
-        tuned = f" tuned to {self.horizon} records" if self.horizon else ""
+        tuned = f" tuned to {self.horizon} records" if self.horizon and self.pool else ""
         return (f"{self.pool} certify records {verdict} certify a drop of at most {self.margin:g} with "
                 f"{self.power:.0%} power (certifiable margin {self.certifiable_margin:.3f} at "
                 f"{self.discordance:.0%} discordant pairs{basis}; {self.test}{tuned}, alpha {self.alpha:.3g} per "
