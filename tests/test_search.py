@@ -185,6 +185,21 @@ def test_a_run_without_discordant_pairs_is_not_a_degenerate_bound(alpha):
     assert lower[-1] == pytest.approx(-upper[-1])  # ties favour neither side
 
 
+@pytest.mark.parametrize("horizon", [None, 40, 542])
+def test_the_plans_end_of_run_bound_is_the_grids_bound(horizon):
+    """The plan bisects for each run's last lower bound: it must be the grid's, exactly, on
+    runs with ties, all-discordant runs, continuous scores and a one-record run."""
+    from promptdistill.search.sequential import _cs_runs, _final_lower_x, _lower_x
+
+    rng = np.random.default_rng(7)
+    runs = np.vstack([_cs_runs(rng, 20, 300, d) for d in (0.0, 0.16, 1.0)] + [rng.random((10, 300))])
+    expected = np.array([_lower_x(row, 0.05, horizon)[-1] for row in runs])
+    assert np.array_equal(_final_lower_x(runs, 0.05, horizon), expected)
+    assert len(set(expected.tolist())) > 10  # the runs span many grid points
+    one = rng.random((5, 1))
+    assert np.array_equal(_final_lower_x(one, 0.2), [_lower_x(row, 0.2)[-1] for row in one])
+
+
 def test_confidence_sequence_rejects_invalid_input():
     for alpha in (0.0, -0.1, 0.51, 1.0):
         with pytest.raises(ValueError, match="alpha"):

@@ -103,6 +103,27 @@ def _lower_x(x: np.ndarray, alpha: float, horizon: int | None = None) -> np.ndar
     return np.where(count > 0, _GRID[np.maximum(count - 1, 0)], 0.0)
 
 
+def _final_lower_x(runs: np.ndarray, alpha: float, horizon: int | None = None) -> np.ndarray:
+    """``_lower_x(row, alpha, horizon)[-1]`` for each row of ``runs``, by bisection on the grid.
+
+    The log wealth falls as m rises at every record (the bets do not depend on m), so "ruled
+    out by the last record" is monotone in m: ten passes over the runs find the largest mean
+    ruled out, where the grid takes 801 (a plan's 1,000 runs: 0.2 s instead of 8 s). The
+    same sums in the same order as on the grid, so the same bound."""
+    log_threshold = math.log(1.0 / alpha)
+    bet = _bets(runs, alpha, horizon)
+    lo = np.full(runs.shape[0], -1)  # the largest grid index known ruled out (-1: none yet)
+    hi = np.full(runs.shape[0], _GRID.size)  # the smallest known not ruled out
+    while np.any(hi - lo > 1):
+        open_ = hi - lo > 1
+        mid = (lo + hi) // 2
+        m = _GRID[np.clip(mid, 0, _GRID.size - 1)][:, None]
+        out = (np.cumsum(np.log1p(bet * (runs - m)), axis=1) >= log_threshold).any(axis=1)
+        lo = np.where(open_ & out, mid, lo)
+        hi = np.where(open_ & ~out, mid, hi)
+    return np.where(lo >= 0, _GRID[np.maximum(lo, 0)], 0.0)
+
+
 def confidence_sequence(diffs: Sequence[float], *, alpha: float,
                         horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper bounds on the mean paired difference after each record.
@@ -375,8 +396,7 @@ def _cs_plan(pool: int, discordance: float, margin: float, alpha: float, max_rec
         horizon = untuned or max_records
     certifiable = 1.0
     if pool > 0:
-        drops = [-(2.0 * float(_lower_x(row, alpha, horizon)[-1]) - 1.0)
-                 for row in _cs_runs(rng, simulations, pool, discordance)]
+        drops = -(2.0 * _final_lower_x(_cs_runs(rng, simulations, pool, discordance), alpha, horizon) - 1.0)
         certifiable = max(0.0, float(np.quantile(drops, PLAN_POWER)))
     return certifiable, _cs_needed(runs, alpha, margin, horizon), horizon
 
