@@ -5,9 +5,9 @@ starts the CPU build with 32, ``core.config.CPU_BLOCK_SIZE``), so a
 warm request recomputes the tail of the static prefix that does not fill a block. For
 each bundled spec, the baseline (the spec as written, with its examples) and, when the
 registry's ``production`` template differs from it, the published winner are timed with
-``optimize.verify.measure_ttft_interleaved`` (per record and repeat: cold, then warm
-after another record primed the static part, both templates back to back, the order
-alternating), on the in-process engine at each ``--block-sizes`` value (multiples of 32 on the CPU build), one engine (a
+``optimize.verify.measure_ttft_interleaved`` (per record and repeat, each template cold,
+then warm on the next record, which the cold request primed with the static part, the
+order alternating), on the in-process engine at each ``--block-sizes`` value (multiples of 32 on the CPU build), one engine (a
 child process) at a time. Reported per block size and spec: each side's mean cold and warm
 TTFT, the share of its static prefix a warm request found cached, and the winner minus
 baseline median paired difference with its 95% bootstrap interval
@@ -125,8 +125,8 @@ def _pair(sides: tuple[dict, dict | None], key: str, fmt: Any = _ms) -> str:
 def markdown(result: dict[str, Any]) -> str:
     lines = ["# Prefix cache and KV block size: warm and cold TTFT, baseline and winner", "",
              f"In-process engine, one per block size; {result['records']} test records x {result['repeats']} repeats "
-             "per spec, baseline and winner timed interleaved (cold, then warm after another record primed the "
-             "static part). TTFT in ms: each side's mean; the difference is winner minus baseline, the median of the "
+             "per spec, baseline and winner timed interleaved (each cold, then warm on the next record, which the "
+             "cold request primed with the static part). TTFT in ms: each side's mean; the difference is winner minus baseline, the median of the "
              "paired measurements with its 95% bootstrap interval. Cached share: a warm request's cached tokens over "
              "the template's static prefix tokens.", "",
              "| block | spec | static tokens (base -> winner) | cold ms (base -> winner) | cold diff | "

@@ -151,8 +151,8 @@ def requests(content: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *
 def measure_ttft(engine: Engine, content: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, n: int,
                  seed: int = 0) -> dict[str, Any]:
     """Measured TTFT cold and warm, as ``optimize.verify.measure_ttft_interleaved`` measures a template
-    (prefill only; cold after a prefix-cache reset; warm after a reset and one request for
-    the next record), means over the first ``n`` records."""
+    (prefill only; cold after a prefix-cache reset; warm on the next record right after that
+    cold request, which cached the static prefix), means over the first ``n`` records."""
     pool = list(records[: n + 1])
     n = min(n, len(pool) - 1)
     rows: dict[str, list[float]] = {"cold": [], "warm": []}
@@ -162,11 +162,12 @@ def measure_ttft(engine: Engine, content: Mapping[str, Any], records: Sequence[M
         return engine.generate([req])[0].ttft_ms
 
     for i in range(max(n, 0)):
-        for cache in ("cold", "warm"):
+        engine.reset_prefix_cache()
+        rows["cold"].append(one(pool[i]))
+        if n == 1:  # no other measured record: prime with the spare one
             engine.reset_prefix_cache()
-            if cache == "warm":
-                one(pool[i + 1])
-            rows[cache].append(one(pool[i]))
+            one(pool[1])
+        rows["warm"].append(one(pool[(i + 1) % n]))
 
     def mean(xs: list[float]) -> float | None:
         return round(statistics.fmean(xs), 1) if xs else None

@@ -234,6 +234,11 @@ class FakeDriftingEngine(FakeEngine):
         super().__init__(**kwargs)
         self.per_token_ms, self.drift_ms = per_token_ms, drift_ms
         self.log: list[GenerationRequest] = []
+        self.resets = 0
+
+    def reset_prefix_cache(self) -> bool:
+        self.resets += 1
+        return True
 
     def generate(self, requests: Sequence[GenerationRequest], *, progress: bool = False) -> list[GenerationResult]:
         results = []

@@ -218,5 +218,5 @@ def test_bench_peers_scores_and_times_the_exported_program_by_its_own_requests_a
     timing = pe.measure_ttft(FakeEngine(reply), content, test, n=2)
     assert timing["timing_n"] == 2 and timing["ttft_cold_ms"] is not None
     assert [req.messages for req in sent] == [pe.requests(content, [r])[0].messages for r in
-                                              (test[0], test[1], test[0], test[1], test[2], test[1])]
+                                              (test[0], test[1], test[1], test[0])]  # cold i, then warm on the next
     assert all(req.max_tokens == 1 for req in sent)

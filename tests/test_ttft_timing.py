@@ -60,18 +60,31 @@ def test_baseline_and_winner_are_timed_interleaved_alternating_who_goes_first(te
     engine = FakeDriftingEngine()
     rows = measure_ttft_interleaved(engine, templates, model=_model(), n=2, repeats=3, block_tokens=16)
     assert len(rows) == 2 * 3 * 2 * 2  # records x repeats x cold/warm x templates
-    assert len(engine.log) == 2 * 3 * 2 * 3  # cold: 1 request, warm: a primer and the measured one
-    blocks = [engine.log[k:k + 6] for k in range(0, len(engine.log), 6)]  # one record and repeat each
+    assert len(engine.log) == len(rows)  # the cold request primes the warm one: no primer of its own
+    blocks = [engine.log[k:k + 4] for k in range(0, len(engine.log), 4)]  # one record and repeat each
     firsts = [_label(b[0], templates) for b in blocks]
     assert firsts == ["baseline", "winner"] * 3  # alternates with every record and repeat
     for block, first in zip(blocks, firsts):
         second = "winner" if first == "baseline" else "baseline"
-        # cold: first, second; warm: (primer, measured) for first, then for second
-        assert [_label(r, templates) for r in block] == [first, second, first, first, second, second]
-        assert block[2].chat()[-1] != block[3].chat()[-1]  # the primer is another record
+        # (cold, warm) for first, then for second
+        assert [_label(r, templates) for r in block] == [first, first, second, second]
+        assert block[0].chat()[-1] != block[1].chat()[-1]  # warm on another record than the cold primer
+        assert block[1].chat()[-1] == block[3].chat()[-1]  # both templates warm on the same record
+    assert engine.resets == 2 * 3 * 2  # a reset before each cold request only
+    for label in ("baseline", "winner"):  # every record timed cold and warm in every repeat
+        mine = [(r["record_id"], r["repeat"], r["cache"]) for r in rows if r["template"] == label]
+        assert len(set(mine)) == len(mine) == 2 * 3 * 2
     assert {(r["template"], r["first"]) for r in rows} == {("baseline", True), ("baseline", False),
                                                             ("winner", True), ("winner", False)}
     assert all(r["static_prefix_tokens"] > 0 for r in rows)
+
+
+def test_one_record_is_warmed_by_a_primer_on_the_spare_record(templates):
+    engine = FakeDriftingEngine()
+    rows = measure_ttft_interleaved(engine, templates[:1], model=_model(), n=1, repeats=2, block_tokens=16)
+    assert [r["cache"] for r in rows] == ["cold", "warm"] * 2 and {r["record_id"] for r in rows} == {rows[0]["record_id"]}
+    assert len(engine.log) == 2 * 3  # cold, primer, warm
+    assert engine.log[1].chat()[-1] != engine.log[2].chat()[-1] == engine.log[0].chat()[-1]
 
 
 def test_interleaving_keeps_drift_out_of_the_difference(templates):

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from promptdistill.core.stats import MeanCI, bootstrap_ci, paired_diffs
+from promptdistill.engine.meter import CallMeter
 from promptdistill.evaluate.evaluator import EvalReport, evaluate_many
 from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.predict import MIN_TTFT_MS
@@ -212,6 +213,7 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     verification: dict[str, Any] = {"test_records": len(run.splits.test)}
     baseline_fig, winner_fig = _dev_figures(base, run), _dev_figures(winner, run)
     timing_rows: list[dict[str, Any]] = []
+    timing_requests = 0
     kept = winner is base
     test = run.splits.test
     if test:
@@ -243,7 +245,7 @@ def finish(run: OptimizeRun) -> OptimizationResult:
             verification["rendering_checked"] = check_rendering(content, final_spec, winner.examples, test)
             winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep)}
         if run.budget.timing_records > 0:
-            timing_rows = _timing(run, winner, final_spec, content, kept)
+            timing_rows, timing_requests = _timing(run, winner, final_spec, content, kept)
             baseline_fig.update(timing_summary(timing_rows, "baseline", run.warm_share))
             # A kept baseline is one prompt: timed once, the same figures on both sides.
             winner_fig.update(timing_summary(timing_rows, "baseline" if kept else "winner", run.warm_share))
@@ -263,7 +265,7 @@ def finish(run: OptimizeRun) -> OptimizationResult:
         density_curve=density_curve(df), tradeoff=cache_tradeoff(df), formats=formats, token_budget=tb,
         timing=pd.DataFrame(timing_rows), lm_calls=run.meter.calls, real_lm_calls=real,
         prompt_tokens=run.meter.prompt_tokens, completion_tokens=run.meter.completion_tokens,
-        timing_requests=3 * len(timing_rows) // 2, minutes=(time.monotonic() - run.search_budget.started) / 60.0,
+        timing_requests=timing_requests, minutes=(time.monotonic() - run.search_budget.started) / 60.0,
         stop_reason=run.search_budget.reason, provenance=_provenance(run, winner, final_spec, reason),
         budget=run.budget, rule=run.rule, winner_spec=final_spec, winner_examples=list(winner.examples),
         verification=verification, notes=list(run.notes), plan=run.plan,
@@ -274,9 +276,10 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     )
 
 
-def _timing(run: OptimizeRun, winner: ExampleCandidate, final_spec: Spec, content: dict, kept: bool) -> list[dict]:
+def _timing(run: OptimizeRun, winner: ExampleCandidate, final_spec: Spec, content: dict, kept: bool) -> tuple[list[dict], int]:
     """The baseline and the winner timed interleaved on the first ``timing_records`` test
-    records, repeated to at least ``MIN_TIMING_PAIRS`` pairs; a kept baseline alone."""
+    records, repeated to at least ``MIN_TIMING_PAIRS`` pairs; a kept baseline alone. Returns
+    the rows and the requests sent."""
     base = run.baseline
     n = run.budget.timing_records
     base_content = template_content(base.spec, base.examples, max_tokens=run.spec.max_tokens, sampling=SAMPLING)
@@ -285,8 +288,10 @@ def _timing(run: OptimizeRun, winner: ExampleCandidate, final_spec: Spec, conten
         templates.append(TimedTemplate("winner", content, final_spec, winner.examples,
                                        run.records_for(winner, run.splits.test),
                                        fewshot_count=winner.k if winner.strategy == "similar" else None))
-    return measure_ttft_interleaved(run.timing_engine, templates, model=run.model, n=n, repeats=timing_repeats(n),
+    meter = CallMeter(run.timing_engine)
+    rows = measure_ttft_interleaved(meter, templates, model=run.model, n=n, repeats=timing_repeats(n),
                                     block_tokens=run.block_tokens, seed=run.seed)
+    return rows, meter.calls
 
 
 def _ids_hash(records: Sequence[Any]) -> str:

@@ -5,12 +5,13 @@
   the evaluator sent (``spec_messages``). What was verified is what gets published.
 * ``measure_ttft_interleaved``: prefill-only requests (``max_tokens`` 1, no schema, as the
   TTFT profiler measures) rendered from each template's content, one at a time. Cold:
-  after ``reset_prefix_cache()``; warm: after a reset and one request for another record
-  with the same template, so only the shared static prefix is in the cache, as in
-  production. The templates (baseline and winner) are timed **interleaved**: for each
-  record and repeat, cold then warm, both templates back to back, the one that goes
-  first alternating, so drift and contention on the machine hit both alike. Each row
-  carries the predicted TTFT for the same prompt.
+  after ``reset_prefix_cache()``; warm: right after that cold request, for the next
+  record with the same template, so only the shared static prefix is in the cache, as in
+  production (the cold request is the warm one's primer). The templates (baseline and
+  winner) are timed **interleaved**: for each record and repeat, one template's cold and
+  warm, then the other's, the one that goes first alternating, so drift and contention
+  on the machine hit both alike. Every record is timed cold and warm. Each row carries
+  the predicted TTFT for the same prompt.
 * ``timing_summary``: one template's measured and predicted TTFT, cold, warm and
   expected, and how much of its static prefix a warm cache served.
 * ``ttft_difference``: winner minus baseline from the interleaved pairs: the **median
@@ -18,8 +19,8 @@
   resamples the pairs within each record (records are the design, the repeats the
   noise), per cache state and for the expected TTFT.
 
-Cost: ``3 x repeats`` requests per record and template (cold: one; warm: the primer and
-the measured one); ``timing_repeats`` makes at least ``MIN_TIMING_PAIRS`` pairs.
+Cost: ``2 x repeats`` requests per record and template (with a single record, 3: its warm
+request needs a primer of its own); ``timing_repeats`` makes at least ``MIN_TIMING_PAIRS`` pairs.
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ def measure_ttft_interleaved(
 ) -> list[dict[str, Any]]:
     """Time every template on its first ``n`` records, ``repeats`` times each, interleaved.
 
-    For record i and repeat j the templates are timed cold, then warm, back to back; the
-    order of the templates alternates with ``i * repeats + j``.
+    For record i and repeat j each template is timed cold on record i, then warm on record
+    ``(i + 1) % n`` (the cold request primed its static prefix), before the next template;
+    which template goes first alternates with ``i * repeats + j``. With ``n`` 1 the warm
+    request is record 0 again, after a reset and a primer on the pool's next record.
 
     Args:
         model: the TTFT model for ``predicted_ms``; None leaves it NaN.
@@ -119,27 +122,32 @@ def measure_ttft_interleaved(
         messages = render_messages(t.content["system"], t.content["user"], r["inputs"])
         return GenerationRequest(messages=messages, max_tokens=1, temperature=0.0, seed=seed)
 
+    predictions: dict[tuple[int, int], dict[str, float]] = {}
+
+    def row(k: int, i: int, j: int, cache: str, first: bool, reset_ok: bool) -> dict[str, Any]:
+        t, r = templates[k], pools[k][i]
+        if (k, i) not in predictions:
+            predictions[k, i] = _prediction(engine, model, t, r, block_tokens)
+        p = predictions[k, i]
+        result = engine.generate([request(t, r)])[0]
+        return {"template": t.label, "record_id": str(r["id"]), "repeat": j, "first": first, "cache": cache,
+                "ttft_ms": result.ttft_ms, "prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
+                "static_prefix_tokens": p["static_prefix_tokens"], "predicted_ms": p[cache],
+                "predicted_cached_tokens": 0 if cache == "cold" else p["warm_cached"], "reset_ok": reset_ok}
+
     rows = []
     for i in range(n):
-        expected = [_prediction(engine, model, t, pool[i], block_tokens) for t, pool in zip(templates, pools, strict=True)]
         for j in range(repeats):
             order = list(range(len(templates)))
             if (i * repeats + j) % 2:
                 order.reverse()
-            for cache in ("cold", "warm"):
-                for place, k in enumerate(order):
-                    t, pool, p = templates[k], pools[k], expected[k]
+            for place, k in enumerate(order):
+                reset_ok = bool(engine.reset_prefix_cache())
+                rows.append(row(k, i, j, "cold", place == 0, reset_ok))
+                if n == 1:  # no other measured record: prime with the pool's spare one
                     reset_ok = bool(engine.reset_prefix_cache())
-                    if cache == "warm":
-                        engine.generate([request(t, pool[(i + 1) % len(pool)])])
-                    result = engine.generate([request(t, pool[i])])[0]
-                    rows.append({
-                        "template": t.label, "record_id": str(pool[i]["id"]), "repeat": j, "first": place == 0,
-                        "cache": cache, "ttft_ms": result.ttft_ms, "prompt_tokens": result.prompt_tokens,
-                        "cached_tokens": result.cached_tokens, "static_prefix_tokens": p["static_prefix_tokens"],
-                        "predicted_ms": p[cache], "predicted_cached_tokens": 0 if cache == "cold" else p["warm_cached"],
-                        "reset_ok": reset_ok,
-                    })
+                    engine.generate([request(templates[k], pools[k][1])])
+                rows.append(row(k, (i + 1) % n, j, "warm", place == 0, reset_ok))
     return rows
 
 
