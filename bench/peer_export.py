@@ -40,6 +40,7 @@ import types
 from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from promptdistill.engine.base import Engine, GenerationRequest
+from promptdistill.optimize.verify import cold_then_warm
 from promptdistill.specs.render import escape_braces, render_messages
 
 __all__ = ["ParseError", "export_program", "measure_ttft", "parse_reply", "render", "reply_text", "requests",
@@ -151,8 +152,8 @@ def requests(content: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *
 def measure_ttft(engine: Engine, content: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, n: int,
                  seed: int = 0) -> dict[str, Any]:
     """Measured TTFT cold and warm, as ``optimize.verify.measure_ttft_interleaved`` measures a template
-    (prefill only; cold after a prefix-cache reset; warm on the next record right after that
-    cold request, which cached the static prefix), means over the first ``n`` records."""
+    (prefill only, in the order of ``optimize.verify.cold_then_warm``), means over the first
+    ``n`` records."""
     pool = list(records[: n + 1])
     n = min(n, len(pool) - 1)
     rows: dict[str, list[float]] = {"cold": [], "warm": []}
@@ -162,12 +163,9 @@ def measure_ttft(engine: Engine, content: Mapping[str, Any], records: Sequence[M
         return engine.generate([req])[0].ttft_ms
 
     for i in range(max(n, 0)):
-        engine.reset_prefix_cache()
-        rows["cold"].append(one(pool[i]))
-        if n == 1:  # no other measured record: prime with the spare one
-            engine.reset_prefix_cache()
-            one(pool[1])
-        rows["warm"].append(one(pool[(i + 1) % n]))
+        cold, warm, _, _ = cold_then_warm(engine, lambda k: one(pool[k]), i, n)
+        rows["cold"].append(cold)
+        rows["warm"].append(warm)
 
     def mean(xs: list[float]) -> float | None:
         return round(statistics.fmean(xs), 1) if xs else None

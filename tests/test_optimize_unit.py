@@ -427,7 +427,7 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     assert result.splits == {"train": 100, "screen": 8, "certify": 50, "test": 8}
     # Every LM request went through the run's meter; timing requests went to the engine behind it.
     assert engine.calls == result.lm_calls + result.timing_requests
-    # 2 records x 6 repeats (12 pairs) x 2 templates, interleaved, x (1 cold + 2 warm)
+    # 2 records x 6 repeats (12 pairs) x 2 templates, interleaved, x (1 cold + 1 warm)
     assert result.timing_requests == 48 == len(result.timing)  # the cold request primes the warm one
     assert result.baseline["timing_repeats"] == result.winner["timing_repeats"] == 6
     assert result.lm_calls <= result.budget.max_lm_calls

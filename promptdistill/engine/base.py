@@ -174,7 +174,7 @@ def check_schema(schema: Any) -> None:
 @functools.lru_cache(maxsize=256)
 def _check_schema_text(text: str) -> None:
     """:func:`check_schema` once per schema text: a night builds thousands of requests over a
-    few schemas, and checking each took jsonschema ~5 ms (10 s of summarize's optimize)."""
+    few schemas, and jsonschema takes about 1.3 ms to check one (some 3 s of summarize's optimize)."""
     check_schema(json.loads(text))
 
 

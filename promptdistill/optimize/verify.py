@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from promptdistill.engine.base import Engine, GenerationRequest
+from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
 from promptdistill.optimize.select import expected_ttft
 from promptdistill.specs.model import Spec
@@ -39,8 +39,10 @@ from promptdistill.specs.prompt import spec_messages
 from promptdistill.specs.render import render_messages
 from promptdistill.ttft.features import prompt_features
 
-__all__ = ["MIN_TIMING_PAIRS", "TimedTemplate", "check_rendering", "measure_ttft_interleaved", "timing_repeats",
-           "timing_summary", "ttft_difference"]
+__all__ = ["MIN_TIMING_PAIRS", "TimedTemplate", "check_rendering", "cold_then_warm", "measure_ttft_interleaved",
+           "timing_repeats", "timing_summary", "ttft_difference"]
+
+T = TypeVar("T")
 
 MIN_TIMING_PAIRS = 12
 """Paired measurements per cache state the interval is built on (records x repeats)."""
@@ -124,12 +126,12 @@ def measure_ttft_interleaved(
 
     predictions: dict[tuple[int, int], dict[str, float]] = {}
 
-    def row(k: int, i: int, j: int, cache: str, first: bool, reset_ok: bool) -> dict[str, Any]:
+    def row(k: int, i: int, j: int, cache: str, result: GenerationResult, first: bool,
+            reset_ok: bool) -> dict[str, Any]:
         t, r = templates[k], pools[k][i]
         if (k, i) not in predictions:
             predictions[k, i] = _prediction(engine, model, t, r, block_tokens)
         p = predictions[k, i]
-        result = engine.generate([request(t, r)])[0]
         return {"template": t.label, "record_id": str(r["id"]), "repeat": j, "first": first, "cache": cache,
                 "ttft_ms": result.ttft_ms, "prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
                 "static_prefix_tokens": p["static_prefix_tokens"], "predicted_ms": p[cache],
@@ -142,13 +144,29 @@ def measure_ttft_interleaved(
             if (i * repeats + j) % 2:
                 order.reverse()
             for place, k in enumerate(order):
-                reset_ok = bool(engine.reset_prefix_cache())
-                rows.append(row(k, i, j, "cold", place == 0, reset_ok))
-                if n == 1:  # no other measured record: prime with the pool's spare one
-                    reset_ok = bool(engine.reset_prefix_cache())
-                    engine.generate([request(templates[k], pools[k][1])])
-                rows.append(row(k, (i + 1) % n, j, "warm", place == 0, reset_ok))
+                t, pool = templates[k], pools[k]
+                cold, warm, w, reset_ok = cold_then_warm(engine, lambda x: engine.generate([request(t, pool[x])])[0],
+                                                         i, n)
+                rows.append(row(k, i, j, "cold", cold, place == 0, reset_ok))
+                rows.append(row(k, w, j, "warm", warm, place == 0, reset_ok))
     return rows
+
+
+def cold_then_warm(engine: Engine, send: Callable[[int], T], i: int, n: int) -> tuple[T, T, int, bool]:
+    """Time record ``i`` of ``n`` cold, then the next record warm, with ``send(index)``.
+
+    Cold: after ``reset_prefix_cache()``. Warm: record ``(i + 1) % n`` right after, so the
+    cold request has cached the shared static prefix and nothing else of it. With one
+    record (``n`` 1) record 0 is timed warm after a second reset and a primer on the
+    pool's spare record 1. Returns (cold, warm, the warm record's index, reset_ok).
+    """
+    reset_ok = bool(engine.reset_prefix_cache())
+    cold = send(i)
+    if n == 1:
+        reset_ok = bool(engine.reset_prefix_cache())
+        send(1)
+    warm_index = 0 if n == 1 else (i + 1) % n
+    return cold, send(warm_index), warm_index, reset_ok
 
 
 def _prediction(engine: Engine, model: Any, t: TimedTemplate, record: Mapping[str, Any],
