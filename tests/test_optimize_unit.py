@@ -452,7 +452,11 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     assert result.content["max_tokens"] == result.token_budget.max_tokens
     assert result.content["response_format"] == "json_schema"
     assert {"free", "schema_in_prompt", "constrained"} == set(result.formats["format"])
-    assert result.winner["test_n"] == 8 and result.winner["test_diff_mean"] == 0.0
+    # Equal on every test record: the first half's interval [0, 0] lies above the revert line
+    # (-0.05), so the other half is not scored; every test record's rendering is still checked.
+    assert result.winner["test_n"] == result.baseline["test_n"] == 4 and result.winner["test_diff_mean"] == 0.0
+    assert result.verification["test_stop"].startswith("decided after the first 4 of 8 records")
+    assert result.verification["test_confidence"] == 0.975
     assert result.winner["measured_cold_ms"] > 0 and result.verification["rendering_checked"] == 8
     # The fake engine's TTFT grows with the prompt: the shorter winner is measurably faster, with an interval.
     w = result.winner
@@ -581,6 +585,67 @@ def test_a_winner_that_fails_on_test_is_reverted_to_the_baseline(triage):
     assert "REVERTED on test" in result.reason and result.verification["reverted_from"] == "short/none"
     assert result.winner["test_mean"] == result.baseline["test_mean"]
     assert result.winner_spec == spec  # the published template is the baseline's
+
+
+def _test_split_run(spec, records, winner_wrong):
+    """score_test on ``records``: the baseline answers every record right, the winner (a
+    shorter instruction) wrong on the records whose ids are in ``winner_wrong``."""
+    from promptdistill.evaluate.evaluator import EvalItem
+    from promptdistill.optimize.verify import score_test
+
+    short = spec.with_changes(instruction="Pick the team for this ticket.")
+    expected = {r["inputs"]["ticket"]: r["expected"]["label"] for r in records}
+    wrong = {r["inputs"]["ticket"] for r in records if r["id"] in winner_wrong}
+
+    def reply(req):
+        ticket = req.chat()[-1]["content"].rsplit("Ticket: ", 1)[-1]
+        is_winner = req.chat()[0]["content"].startswith("Pick the team")
+        label = expected[ticket]
+        return json.dumps({"label": ("billing" if label != "billing" else "technical") if is_winner and ticket in wrong
+                           else label})
+
+    engine = CallMeter(FakeEngine(reply=reply))
+    items = lambda recs: [EvalItem(spec, recs), EvalItem(short, recs)]  # noqa: E731
+    return engine, lambda line: score_test(engine, items, records, line=line, judge_runner=None, seed=0)
+
+
+def test_the_test_split_stops_after_its_first_half_when_that_decides(triage):
+    spec, _, dev = triage
+    test = dev[:40]
+    engine, score = _test_split_run(spec, test, winner_wrong=set())
+    (base, win), confidence, why = score(-0.05)
+    assert base.n == win.n == 20 and engine.calls == 40 and confidence == 0.975
+    assert why.startswith("decided after the first 20 of 40 records") and "lies above -0.050" in why
+    # Wrong on every record of the first half: decided the other way (a revert), also at 20.
+    engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test[:20]})
+    (base, win), _, why = score(-0.05)
+    assert win.n == 20 and engine.calls == 40 and "lies below -0.050" in why and win.mean == 0.0 < base.mean
+
+
+def test_the_test_split_scores_its_second_half_when_the_first_leaves_the_revert_open(triage):
+    spec, _, dev = triage
+    test = dev[:40]
+    # 3 of the first 20 wrong: a mean of -0.15 whose interval reaches above -0.2; none of the rest.
+    engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test[:3]})
+    (base, win), confidence, why = score(-0.2)
+    assert base.n == win.n == 40 and engine.calls == 80
+    assert why.startswith("all 40 records: the first 20 left") and "across -0.200" in why
+    assert [r["id"] for r in test] == win.record_ids == base.record_ids  # the halves merged in order
+    assert win.mean == pytest.approx(base.mean - 3 / 40)
+    # The intervals reported cover at 95% over both looks: each at 97.5%.
+    assert confidence == 0.975
+
+
+def test_a_kept_baseline_is_scored_on_the_first_half_of_the_test_split(triage):
+    spec, _, dev = triage
+    engine, score = _test_split_run(spec, dev[:9], winner_wrong=set())
+    (base, win), confidence, why = score(None)
+    assert base.n == 5 and engine.calls == 10 and confidence == 0.95
+    assert why == "nothing to revert: the first 5 of 9 records are scored, for the report"
+    # One record: one look, scored whole, at 95%.
+    engine, score = _test_split_run(spec, dev[:1], winner_wrong=set())
+    (base, win), confidence, why = score(-0.05)
+    assert base.n == 1 and confidence == 0.95 and why == "the one test record, in one look"
 
 
 def test_a_budget_too_small_for_baseline_and_verification_is_refused(triage):

@@ -16,7 +16,7 @@ import pandas as pd
 
 from promptdistill.core.stats import MeanCI, bootstrap_ci, paired_diffs
 from promptdistill.engine.meter import CallMeter
-from promptdistill.evaluate.evaluator import EvalReport, evaluate_many
+from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.predict import MIN_TTFT_MS
 from promptdistill.optimize.result import OptimizationResult
@@ -27,6 +27,7 @@ from promptdistill.optimize.verify import (
     TimedTemplate,
     check_rendering,
     measure_ttft_interleaved,
+    score_test,
     timing_repeats,
     timing_summary,
     ttft_difference,
@@ -172,12 +173,13 @@ def _content(spec: Spec, cand: ExampleCandidate, tb: TokenBudget, constrained: b
     return template_content(spec, cand.examples, max_tokens=tb.max_tokens, response_format=fmt, sampling=SAMPLING)
 
 
-def _test_figures(run: OptimizeRun, report: EvalReport, base_report: EvalReport | None) -> dict[str, Any]:
-    ci = bootstrap_ci(report.scores, seed=run.seed)
+def _test_figures(run: OptimizeRun, report: EvalReport, base_report: EvalReport | None,
+                  confidence: float) -> dict[str, Any]:
+    ci = bootstrap_ci(report.scores, confidence=confidence, seed=run.seed)
     out = {**ci.to_dict("test_"), "test_valid_json_rate": report.valid_json_rate}
     if base_report is not None:
         diffs = paired_diffs(report.scores, base_report.scores)
-        diff_ci = bootstrap_ci(diffs.tolist(), seed=run.seed) if diffs.size else None
+        diff_ci = bootstrap_ci(diffs.tolist(), confidence=confidence, seed=run.seed) if diffs.size else None
         out.update({"test_diff_mean": diff_ci.mean if diff_ci else None,
                     "test_diff_ci_low": diff_ci.low if diff_ci else None,
                     "test_diff_ci_high": diff_ci.high if diff_ci else None})
@@ -219,21 +221,28 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     if test:
         test_w = run.records_for(winner, test)
         verification["rendering_checked"] = check_rendering(content, final_spec, winner.examples, test_w)
-        items = [run.item(base, test)]
-        if not (kept and final_spec == base.spec):
-            items.append(run.item(winner, test, spec=final_spec, constrained=constrained, max_tokens=tb.max_tokens))
-        reports = evaluate_many(run.meter, items, judge_runner=run.runner, seed=run.seed)
-        base_rep, win_rep = reports[0], reports[-1]
-        baseline_fig.update(_test_figures(run, base_rep, None))
-        winner_fig.update(_test_figures(run, win_rep, base_rep))
-        diff = winner_fig.get("test_diff_mean")
         # A winner that is not faster (a tie) was chosen for being at least as good: the
         # held-out records must agree, or it would ship no faster and worse.
         allowed = 0.0 if reason.startswith(TIE) else run.max_drop
-        if run.rule.verify_on_test and not kept and diff is not None and diff < -allowed - 1e-12:
+        revertible = run.rule.verify_on_test and not kept
+
+        def items(records: Sequence[Any]) -> list[EvalItem]:
+            out = [run.item(base, records)]
+            if not (kept and final_spec == base.spec):
+                out.append(run.item(winner, records, spec=final_spec, constrained=constrained,
+                                    max_tokens=tb.max_tokens))
+            return out
+
+        (base_rep, win_rep), confidence, looked = score_test(
+            run.meter, items, test, line=-allowed if revertible else None, judge_runner=run.runner, seed=run.seed)
+        verification.update(test_scored=base_rep.n, test_confidence=confidence, test_stop=looked)
+        baseline_fig.update(_test_figures(run, base_rep, None, confidence))
+        winner_fig.update(_test_figures(run, win_rep, base_rep, confidence))
+        diff = winner_fig.get("test_diff_mean")
+        if revertible and diff is not None and diff < -allowed - 1e-12:
             why = (f"allowed drop {run.max_drop:g}" if allowed else
                    "a tie on TTFT must be at least as good as the baseline")
-            reason += (f"; REVERTED on test: {winner.id} scored {diff:+.3f} against the baseline on {len(test)} "
+            reason += (f"; REVERTED on test: {winner.id} scored {diff:+.3f} against the baseline on {base_rep.n} "
                        f"records ({why}); keeping the baseline")
             verification["reverted_from"] = winner.id
             winner, kept, final_spec = base, True, base.spec
@@ -243,7 +252,7 @@ def finish(run: OptimizeRun) -> OptimizationResult:
             tb = _budget_from(fmt_report)
             content = _content(final_spec, winner, tb, constrained)
             verification["rendering_checked"] = check_rendering(content, final_spec, winner.examples, test)
-            winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep)}
+            winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep, confidence)}
         if run.budget.timing_records > 0:
             timing_rows, timing_requests = _timing(run, winner, final_spec, content, kept)
             baseline_fig.update(timing_summary(timing_rows, "baseline", run.warm_share))

@@ -169,6 +169,8 @@ class OptimizationResult:
             lines.append(f"  {label:<20} {format_number(self.baseline.get(key), fmt):>12} {format_number(self.winner.get(key), fmt):>12}")
         lines.append(f"  {'test diff [95% CI]':<20} {'':>12} {format_number(self.winner.get('test_diff_mean'), '+.3f'):>12} "
                      f"[{format_number(self.winner.get('test_diff_ci_low'), '+.3f')}, {format_number(self.winner.get('test_diff_ci_high'), '+.3f')}]")
+        if self.verification.get("test_stop"):
+            lines.append(f"  test split: {self.verification['test_stop']}")
         lines += self._timing_lines()
         tb = self.token_budget
         lines += [

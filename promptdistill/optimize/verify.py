@@ -1,5 +1,7 @@
 """Verification helpers: the published rendering, and TTFT measured on the real engine.
 
+* ``score_test``: the baseline and the winner on the test split, in two looks of half
+  the records each; the second only when the first leaves the revert open.
 * ``check_rendering``: the template content, rendered with ``render_messages`` (the
   function the registry client's ``Template.render`` calls), gives exactly the messages
   the evaluator sent (``spec_messages``). What was verified is what gets published.
@@ -31,7 +33,9 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from promptdistill.core.stats import bootstrap_ci, paired_diffs
 from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult
+from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
 from promptdistill.optimize.select import expected_ttft
 from promptdistill.specs.model import Spec
@@ -39,14 +43,59 @@ from promptdistill.specs.prompt import spec_messages
 from promptdistill.specs.render import render_messages
 from promptdistill.ttft.features import prompt_features
 
-__all__ = ["MIN_TIMING_PAIRS", "TimedTemplate", "check_rendering", "cold_then_warm", "measure_ttft_interleaved",
-           "timing_repeats", "timing_summary", "ttft_difference"]
+__all__ = ["MIN_TIMING_PAIRS", "TEST_CONFIDENCE", "TimedTemplate", "check_rendering", "cold_then_warm",
+           "measure_ttft_interleaved", "score_test", "timing_repeats", "timing_summary", "ttft_difference"]
 
 T = TypeVar("T")
 
 MIN_TIMING_PAIRS = 12
 """Paired measurements per cache state the interval is built on (records x repeats)."""
 TIMING_CONFIDENCE = 0.95
+
+
+TEST_CONFIDENCE = 0.95
+"""Coverage of the test split's intervals, whichever look they come from."""
+
+
+def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]], records: Sequence[Any], *,
+               line: float | None, judge_runner: Any, seed: int) -> tuple[tuple[EvalReport, EvalReport], float, str]:
+    """The baseline and the winner on the test records, in two looks of half the records each.
+
+    ``items(records)`` gives the baseline's item and, when the winner renders another
+    prompt, the winner's. ``line`` is the paired difference (winner - baseline) below which
+    the winner is reverted; None when nothing can be reverted (a kept baseline), and then
+    the first half alone is scored, for the report. Otherwise the second half is scored
+    only when the first half's interval on the difference crosses the line: a decided
+    revert question spends no more records. Reverting still
+    needs the mean difference below the line, so the two looks revert no more often than
+    scoring every record would. With two looks each interval is at 97.5%, so the one
+    reported covers at 95% whichever look it came from (Bonferroni).
+
+    Returns:
+        (the baseline's report, the winner's: the baseline's again with one item), the
+        intervals' confidence, and which look stopped the scoring and why.
+    """
+    looks = 2 if line is not None and len(records) >= 2 else 1
+    confidence = 1.0 - (1.0 - TEST_CONFIDENCE) / looks
+    half = (len(records) + 1) // 2  # one record: all of it
+    first = evaluate_many(engine, items(records[:half]), judge_runner=judge_runner, seed=seed)
+    if line is None:
+        return (first[0], first[-1]), confidence, (f"nothing to revert: the first {half} of {len(records)} "
+                                                   "records are scored, for the report")
+    if looks == 1:
+        return (first[0], first[-1]), confidence, "the one test record, in one look"
+    diffs = paired_diffs(first[-1].scores, first[0].scores)
+    ci = bootstrap_ci(diffs.tolist(), confidence=confidence, seed=seed) if diffs.size else None
+    where = f"[{ci.low:+.3f}, {ci.high:+.3f}]" if ci is not None else "(no pair scored)"
+    if ci is not None and (ci.low > line or ci.high < line):
+        side = "above" if ci.low > line else "below"
+        return (first[0], first[-1]), confidence, (f"decided after the first {half} of {len(records)} records: "
+                                                   f"the difference's {confidence:.1%} interval {where} lies {side} "
+                                                   f"{line:+.3f}")
+    second = evaluate_many(engine, items(records[half:]), judge_runner=judge_runner, seed=seed)
+    merged = [a.merged(b) for a, b in zip(first, second)]
+    return (merged[0], merged[-1]), confidence, (f"all {len(records)} records: the first {half} left the difference's "
+                                                 f"{confidence:.1%} interval {where} across {line:+.3f}")
 
 
 def check_rendering(content: Mapping[str, Any], spec: Spec, examples: Sequence[Mapping[str, Any]],
