@@ -1286,8 +1286,8 @@ def test_budget_time_is_a_cap_never_a_projection():
 
 
 def test_a_race_reaches_the_same_decision_on_a_slow_machine():
-    """The quick preset's race (984 certify records, two finalists in turn, its optimizer's
-    cap) at 0.01 s and at 0.5 s per evaluated record (a 50x slower engine: 25 minutes of
+    """The quick preset's race (984 certify records, its optimizer's cap) with two finalists
+    in turn at 0.01 s and at 0.5 s per evaluated record (a 50x slower engine: 25 minutes of
     records) reaches the same decisions at the same looks. At af0b1f5 the quick preset's 6
     minutes were projected at the pace seen, and the slow race stopped early. A cap that
     does pass stops the race and says after how many records."""
