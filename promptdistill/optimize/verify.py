@@ -1,7 +1,7 @@
 """Verification helpers: the published rendering, and TTFT measured on the real engine.
 
 * ``score_test``: the baseline and the winner on the test split, in two looks of half
-  the records each; the second only when the first leaves the revert open.
+  the records each; the second unless the first already clears the winner.
 * ``check_rendering``: the template content, rendered with ``render_messages`` (the
   function the registry client's ``Template.render`` calls), gives exactly the messages
   the evaluator sent (``spec_messages``). What was verified is what gets published.
@@ -65,11 +65,11 @@ def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]],
     prompt, the winner's. ``line`` is the paired difference (winner - baseline) below which
     the winner is reverted; None when nothing can be reverted (a kept baseline), and then
     the first half alone is scored, for the report. Otherwise the second half is scored
-    only when the first half's interval on the difference crosses the line: a decided
-    revert question spends no more records. Reverting still
-    needs the mean difference below the line, so the two looks revert no more often than
-    scoring every record would. With two looks each interval is at 97.5%, so the one
-    reported covers at 95% whichever look it came from (Bonferroni).
+    unless the first half's interval on the difference lies above the line: a winner the
+    first half already clears spends no more records. Only that stop is early, so a
+    revert (the mean difference of every record below the line) happens exactly as often
+    as when every record is scored, or less. With two looks each interval is at 97.5%, so
+    the one reported covers at 95% whichever look it came from (Bonferroni).
 
     Returns:
         (the baseline's report, the winner's: the baseline's again with one item), the
@@ -87,15 +87,14 @@ def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]],
     diffs = paired_diffs(first[-1].scores, first[0].scores)
     ci = bootstrap_ci(diffs.tolist(), confidence=confidence, seed=seed) if diffs.size else None
     where = f"[{ci.low:+.3f}, {ci.high:+.3f}]" if ci is not None else "(no pair scored)"
-    if ci is not None and (ci.low > line or ci.high < line):
-        side = "above" if ci.low > line else "below"
+    if ci is not None and ci.low > line:
         return (first[0], first[-1]), confidence, (f"decided after the first {half} of {len(records)} records: "
-                                                   f"the difference's {confidence:.1%} interval {where} lies {side} "
+                                                   f"the difference's {confidence:.1%} interval {where} lies above "
                                                    f"{line:+.3f}")
     second = evaluate_many(engine, items(records[half:]), judge_runner=judge_runner, seed=seed)
     merged = [a.merged(b) for a, b in zip(first, second)]
     return (merged[0], merged[-1]), confidence, (f"all {len(records)} records: the first {half} left the difference's "
-                                                 f"{confidence:.1%} interval {where} across {line:+.3f}")
+                                                 f"{confidence:.1%} interval {where} not above {line:+.3f}")
 
 
 def check_rendering(content: Mapping[str, Any], spec: Spec, examples: Sequence[Mapping[str, Any]],
