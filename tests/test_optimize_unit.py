@@ -452,11 +452,10 @@ def test_optimize_plumbing_on_the_fake_engine(fake_run, tmp_path):
     assert result.content["max_tokens"] == result.token_budget.max_tokens
     assert result.content["response_format"] == "json_schema"
     assert {"free", "schema_in_prompt", "constrained"} == set(result.formats["format"])
-    # Equal on every test record: the first half's interval [0, 0] lies above the revert line
-    # (-0.05), so the other half is not scored; every test record's rendering is still checked.
-    assert result.winner["test_n"] == result.baseline["test_n"] == 4 and result.winner["test_diff_mean"] == 0.0
-    assert result.verification["test_stop"].startswith("decided after the first 4 of 8 records")
-    assert result.verification["test_confidence"] == 0.975
+    # 8 test records are too few to split into two looks: scored whole, intervals at 95%.
+    assert result.winner["test_n"] == result.baseline["test_n"] == 8 and result.winner["test_diff_mean"] == 0.0
+    assert result.verification["test_stop"] == "all 8 records in one look (fewer than 100: too few to split)"
+    assert result.verification["test_confidence"] == 0.95
     assert result.winner["measured_cold_ms"] > 0 and result.verification["rendering_checked"] == 8
     # The fake engine's TTFT grows with the prompt: the shorter winner is measurably faster, with an interval.
     w = result.winner
@@ -611,43 +610,44 @@ def _test_split_run(spec, records, winner_wrong):
 
 def test_the_test_split_stops_after_its_first_half_when_that_decides(triage):
     spec, _, dev = triage
-    test = dev[:40]
+    test = dev[:100]
     engine, score = _test_split_run(spec, test, winner_wrong=set())
     (base, win), confidence, why = score(-0.05)
-    assert base.n == win.n == 20 and engine.calls == 40 and confidence == 0.975
-    assert why.startswith("decided after the first 20 of 40 records") and "lies above -0.050" in why
+    assert base.n == win.n == 50 and engine.calls == 100 and confidence == 0.975
+    assert why.startswith("decided after the first 50 of 100 records") and "lies above -0.050" in why
     # Wrong on every record of the first half: no early revert, the second half is scored
     # too (where the winner answers right), so the revert rests on every record's mean.
-    engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test[:20]})
+    engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test[:50]})
     (base, win), _, why = score(-0.05)
-    assert win.n == 40 and engine.calls == 80 and "[-1.000, -1.000] not above -0.050" in why
+    assert win.n == 100 and engine.calls == 200 and "[-1.000, -1.000] not above -0.050" in why
     assert win.mean == pytest.approx(base.mean - 0.5)
 
 
 def test_the_test_split_scores_its_second_half_when_the_first_leaves_the_revert_open(triage):
     spec, _, dev = triage
-    test = dev[:40]
-    # 3 of the first 20 wrong: a mean of -0.15 whose interval reaches above -0.2; none of the rest.
+    test = dev[:100]
+    # 3 of the first 50 wrong: a mean of -0.06 whose interval reaches below -0.05; none of the rest.
     engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test[:3]})
-    (base, win), confidence, why = score(-0.2)
-    assert base.n == win.n == 40 and engine.calls == 80
-    assert why.startswith("all 40 records: the first 20 left") and "not above -0.200" in why
+    (base, win), confidence, why = score(-0.05)
+    assert base.n == win.n == 100 and engine.calls == 200
+    assert why.startswith("all 100 records: the first 50 left") and "not above -0.050" in why
     assert [r["id"] for r in test] == win.record_ids == base.record_ids  # the halves merged in order
-    assert win.mean == pytest.approx(base.mean - 3 / 40)
+    assert win.mean == pytest.approx(base.mean - 3 / 100)
     # The intervals reported cover at 95% over both looks: each at 97.5%.
     assert confidence == 0.975
 
 
 def test_a_kept_baseline_is_scored_on_the_first_half_of_the_test_split(triage):
     spec, _, dev = triage
-    engine, score = _test_split_run(spec, dev[:9], winner_wrong=set())
+    engine, score = _test_split_run(spec, dev[:101], winner_wrong=set())
     (base, win), confidence, why = score(None)
-    assert base.n == 5 and engine.calls == 10 and confidence == 0.95
-    assert why == "nothing to revert: the first 5 of 9 records are scored, for the report"
-    # One record: one look, scored whole, at 95%.
-    engine, score = _test_split_run(spec, dev[:1], winner_wrong=set())
-    (base, win), confidence, why = score(-0.05)
-    assert base.n == 1 and confidence == 0.95 and why == "the one test record, in one look"
+    assert base.n == 51 and engine.calls == 102 and confidence == 0.95
+    assert why == "nothing to revert: the first 51 of 101 records are scored, for the report"
+    # Under 100 records: one look, scored whole, at 95%, whatever the line.
+    for line in (None, -0.05):
+        engine, score = _test_split_run(spec, dev[:9], winner_wrong=set())
+        (base, win), confidence, why = score(line)
+        assert base.n == 9 and engine.calls == 18 and confidence == 0.95 and why.startswith("all 9 records in one look")
 
 
 def test_a_budget_too_small_for_baseline_and_verification_is_refused(triage):

@@ -19,8 +19,8 @@ from promptdistill.specs.datasets import write_records  # noqa: E402
 
 SPLIT_SIZES = {"train": 100, "dev": 400, "test": 200}
 """The first 700 records, as the datasets were first published: 100 train (the example
-pool the bundled prompts' examples come from), 400 dev, 200 held-out test (a 95% interval
-of about +-0.07 on a mean score)."""
+pool the bundled prompts' examples come from), 400 dev, 200 held-out test (scored in two
+halves of 100: a 95% interval of about +-0.07 on a mean score over all 200)."""
 EXTRA_DEV = 600
 """Dev records appended after them, so the first 700 (and so every prompt's examples and
 the test split) stay as they were: 1,000 dev records in all, 16 screen and 984 a race's

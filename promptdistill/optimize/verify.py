@@ -43,7 +43,7 @@ from promptdistill.specs.prompt import spec_messages
 from promptdistill.specs.render import render_messages
 from promptdistill.ttft.features import prompt_features
 
-__all__ = ["MIN_TIMING_PAIRS", "TEST_CONFIDENCE", "TimedTemplate", "check_rendering", "cold_then_warm",
+__all__ = ["MIN_LOOK", "MIN_TIMING_PAIRS", "TEST_CONFIDENCE", "TimedTemplate", "check_rendering", "cold_then_warm",
            "measure_ttft_interleaved", "score_test", "timing_repeats", "timing_summary", "ttft_difference"]
 
 T = TypeVar("T")
@@ -55,6 +55,9 @@ TIMING_CONFIDENCE = 0.95
 
 TEST_CONFIDENCE = 0.95
 """Coverage of the test split's intervals, whichever look they come from."""
+MIN_LOOK = 50
+"""Test records a look needs: a smaller split is scored whole, in one look (on a few 0/1
+records a first half where both prompts agree everywhere gives the interval [0, 0])."""
 
 
 def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]], records: Sequence[Any], *,
@@ -63,27 +66,33 @@ def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]],
 
     ``items(records)`` gives the baseline's item and, when the winner renders another
     prompt, the winner's. ``line`` is the paired difference (winner - baseline) below which
-    the winner is reverted; None when nothing can be reverted (a kept baseline), and then
-    the first half alone is scored, for the report. Otherwise the second half is scored
-    unless the first half's interval on the difference lies above the line: a winner the
+    the winner is reverted; None when nothing can be reverted (a kept baseline, or
+    ``verify_on_test`` off), and then the first half alone is scored, for the report. A
+    split of fewer than ``2 * MIN_LOOK`` records is scored whole, in one look. Otherwise the
+    second half is scored unless the first half's interval on the difference lies above
+    the line: a winner the
     first half already clears spends no more records. Only that stop is early, so a
     revert (the mean difference of every record below the line) happens exactly as often
-    as when every record is scored, or less. With two looks each interval is at 97.5%, so
-    the one reported covers at 95% whichever look it came from (Bonferroni).
+    as when every record is scored, or less; the price is that a winner truly worse than
+    the line clears the first half with a chance of at most 1.25% (its interval's lower
+    tail). With two looks each interval is at 97.5%, so the one reported covers at 95% or
+    more whichever look it came from (Bonferroni).
 
     Returns:
         (the baseline's report, the winner's: the baseline's again with one item), the
         intervals' confidence, and which look stopped the scoring and why.
     """
-    looks = 2 if line is not None and len(records) >= 2 else 1
+    split = len(records) >= 2 * MIN_LOOK
+    looks = 2 if split and line is not None else 1
     confidence = 1.0 - (1.0 - TEST_CONFIDENCE) / looks
-    half = (len(records) + 1) // 2  # one record: all of it
+    half = (len(records) + 1) // 2 if split else len(records)
     first = evaluate_many(engine, items(records[:half]), judge_runner=judge_runner, seed=seed)
+    if not split:
+        return (first[0], first[-1]), confidence, (f"all {half} records in one look (fewer than {2 * MIN_LOOK}: "
+                                                   "too few to split)")
     if line is None:
         return (first[0], first[-1]), confidence, (f"nothing to revert: the first {half} of {len(records)} "
                                                    "records are scored, for the report")
-    if looks == 1:
-        return (first[0], first[-1]), confidence, "the one test record, in one look"
     diffs = paired_diffs(first[-1].scores, first[0].scores)
     ci = bootstrap_ci(diffs.tolist(), confidence=confidence, seed=seed) if diffs.size else None
     where = f"[{ci.low:+.3f}, {ci.high:+.3f}]" if ci is not None else "(no pair scored)"
