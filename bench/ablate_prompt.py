@@ -1,0 +1,52 @@
+"""invoice_extraction on 100 test records: which part of the prompt moves quality (real engine).
+
+Run from a checkout: ``python -m bench.ablate_prompt``. Its figures are in
+docs/bench/peers_invoice_tokens.md (Follow-up). A one-off study, not part of make bench.
+"""
+import time
+from dataclasses import replace
+
+from bench.common import setup
+
+setup()  # offline and quiet, before the heavy imports (as every benchmark)
+
+from promptdistill.core.config import load_settings  # noqa: E402
+from promptdistill.core.stats import bootstrap_ci, paired_diffs  # noqa: E402
+from promptdistill.engine import load_engine  # noqa: E402
+from promptdistill.evaluate.evaluator import EvalItem, evaluate_many  # noqa: E402
+from promptdistill.optimize.examples import fixed_spec, select_examples  # noqa: E402
+from promptdistill.search.splits import split_records  # noqa: E402
+from promptdistill.specs import load_spec  # noqa: E402
+
+
+def main() -> None:
+    spec = load_spec("prompts/invoice_extraction.yaml")
+    s = split_records(spec, seed=0, screen_size=16, dev_size=1000, test_size=200)
+    test = s.test[:100]
+    base_ex = list(select_examples(spec, s.train, seed=0))
+    fields = ("Your input fields are:\n1. `document` (str): The text of the invoice or invoice email, as received.\n"
+              "Your output fields are:\n1. `vendor` (str)\n2. `invoice_number` (str)\n3. `total` (float)\n"
+              "4. `currency` (Literal['USD', 'EUR', 'GBP'])\n5. `due_date` (str): YYYY-MM-DD\n")
+    desc = spec.description
+    variants = {
+        "baseline (2 demos)": (spec, base_ex),
+        "baseline, no demos": (fixed_spec(spec, []), []),
+        "description + constraints, no demos": (fixed_spec(spec.with_changes(instruction=desc), []), []),
+        "description only, no constraints, no demos": (fixed_spec(spec.with_changes(instruction=desc, constraints=()), []), []),
+        "field list + description, no constraints, no demos": (fixed_spec(spec.with_changes(instruction=fields + "Objective: " + desc, constraints=()), []), []),
+        "field list + instruction + constraints, no demos": (fixed_spec(spec.with_changes(instruction=fields + spec.instruction), []), []),
+        "description + constraints, 2 demos": (fixed_spec(spec.with_changes(instruction=desc), base_ex), base_ex),
+    }
+    with load_engine(replace(load_settings().engine, backend="local", timeout_s=900)) as engine:
+        t = time.perf_counter()
+        reps = evaluate_many(engine, [EvalItem(sp, test, ex) for sp, ex in variants.values()], seed=0)
+        print(f"{len(variants)} x {len(test)} in {time.perf_counter() - t:.0f} s")
+    b = reps[0]
+    for (name, _), r in zip(variants.items(), reps):
+        ci = bootstrap_ci(r.scores)
+        d = bootstrap_ci(paired_diffs(r.scores, b.scores).tolist())
+        print(f"{name:<52} {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]  vs baseline {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]  prompt tokens {r.prompt_tokens / r.n:.0f}  valid {r.valid_json_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()
