@@ -28,14 +28,18 @@ def main() -> None:
               "Your output fields are:\n1. `vendor` (str)\n2. `invoice_number` (str)\n3. `total` (float)\n"
               "4. `currency` (Literal['USD', 'EUR', 'GBP'])\n5. `due_date` (str): YYYY-MM-DD\n")
     desc = spec.description
+    def variant(examples: list, **changes: object) -> tuple:
+        return fixed_spec(spec.with_changes(**changes), examples), examples
+
     variants = {
         "baseline (2 demos)": (spec, base_ex),
-        "baseline, no demos": (fixed_spec(spec, []), []),
-        "description + constraints, no demos": (fixed_spec(spec.with_changes(instruction=desc), []), []),
-        "description only, no constraints, no demos": (fixed_spec(spec.with_changes(instruction=desc, constraints=()), []), []),
-        "field list + description, no constraints, no demos": (fixed_spec(spec.with_changes(instruction=fields + "Objective: " + desc, constraints=()), []), []),
-        "field list + instruction + constraints, no demos": (fixed_spec(spec.with_changes(instruction=fields + spec.instruction), []), []),
-        "description + constraints, 2 demos": (fixed_spec(spec.with_changes(instruction=desc), base_ex), base_ex),
+        "baseline, no demos": variant([]),
+        "description + constraints, no demos": variant([], instruction=desc),
+        "description only, no constraints, no demos": variant([], instruction=desc, constraints=()),
+        "field list + description, no constraints, no demos": variant([], instruction=fields + "Objective: " + desc,
+                                                                      constraints=()),
+        "field list + instruction + constraints, no demos": variant([], instruction=fields + spec.instruction),
+        "description + constraints, 2 demos": variant(base_ex, instruction=desc),
     }
     with load_engine(replace(load_settings().engine, backend="local", timeout_s=900)) as engine:
         t = time.perf_counter()
@@ -45,7 +49,8 @@ def main() -> None:
     for (name, _), r in zip(variants.items(), reps):
         ci = bootstrap_ci(r.scores)
         d = bootstrap_ci(paired_diffs(r.scores, b.scores).tolist())
-        print(f"{name:<52} {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]  vs baseline {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]  prompt tokens {r.prompt_tokens / r.n:.0f}  valid {r.valid_json_rate:.2f}")
+        print(f"{name:<52} {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]  vs baseline {d.mean:+.3f} "
+              f"[{d.low:+.3f}, {d.high:+.3f}]  prompt tokens {r.prompt_tokens / r.n:.0f}  valid {r.valid_json_rate:.2f}")
 
 
 if __name__ == "__main__":

@@ -70,13 +70,12 @@ def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]],
     ``verify_on_test`` off), and then the first half alone is scored, for the report. A
     split of fewer than ``2 * MIN_LOOK`` records is scored whole, in one look. Otherwise the
     second half is scored unless the first half's interval on the difference lies above
-    the line: a winner the
-    first half already clears spends no more records. Only that stop is early, so a
-    revert (the mean difference of every record below the line) happens exactly as often
-    as when every record is scored, or less; the price is that a winner truly worse than
-    the line clears the first half with a chance of at most 1.25% (its interval's lower
-    tail). With two looks each interval is at 97.5%, so the one reported covers at 95% or
-    more whichever look it came from (Bonferroni).
+    the line: a winner the first half already clears spends no more records. Only that
+    stop is early, so a revert (the mean difference of every record below the line)
+    happens exactly as often as when every record is scored, or less; the price is that a
+    winner truly worse than the line clears the first half with a chance of at most 1.25%
+    (its interval's lower tail). With two looks each interval is at 97.5%, so the one
+    reported covers at 95% or more whichever look it came from (Bonferroni).
 
     Returns:
         (the baseline's report, the winner's: the baseline's again with one item), the
