@@ -1,8 +1,10 @@
-"""invoice_extraction on 100 test records: which part of the prompt moves quality (real engine).
+"""A spec on 100 test records: which part of the prompt moves quality (real engine).
 
-Run from a checkout: ``python -m bench.ablate_prompt``. Its figures are in
+Run from a checkout: ``python -m bench.ablate_prompt [spec ...]`` (default invoice_extraction,
+which also gets DSPy-style field-list variants). Its figures are in
 docs/bench/peers_invoice_tokens.md (Follow-up). A one-off study, not part of make bench.
 """
+import sys
 import time
 from dataclasses import replace
 
@@ -19,8 +21,8 @@ from promptdistill.search.splits import split_records  # noqa: E402
 from promptdistill.specs import load_spec  # noqa: E402
 
 
-def main() -> None:
-    spec = load_spec("prompts/invoice_extraction.yaml")
+def ablate(engine, name: str) -> None:
+    spec = load_spec(f"prompts/{name}.yaml")
     s = split_records(spec, seed=0, screen_size=16, dev_size=1000, test_size=200)
     test = s.test[:100]
     base_ex = list(select_examples(spec, s.train, seed=0))
@@ -32,26 +34,34 @@ def main() -> None:
         return fixed_spec(spec.with_changes(**changes), examples), examples
 
     variants = {
-        "baseline (2 demos)": (spec, base_ex),
+        f"baseline ({len(base_ex)} demos)": (spec, base_ex),
         "baseline, no demos": variant([]),
-        "description + constraints, no demos": variant([], instruction=desc),
         "description only, no constraints, no demos": variant([], instruction=desc, constraints=()),
-        "field list + description, no constraints, no demos": variant([], instruction=fields + "Objective: " + desc,
-                                                                      constraints=()),
-        "field list + instruction + constraints, no demos": variant([], instruction=fields + spec.instruction),
-        "description + constraints, 2 demos": variant(base_ex, instruction=desc),
     }
-    with load_engine(replace(load_settings().engine, backend="local", timeout_s=900)) as engine:
-        t = time.perf_counter()
-        reps = evaluate_many(engine, [EvalItem(sp, test, ex) for sp, ex in variants.values()], seed=0)
-        print(f"{len(variants)} x {len(test)} in {time.perf_counter() - t:.0f} s")
+    if name == "invoice_extraction":
+        variants |= {
+            "description + constraints, no demos": variant([], instruction=desc),
+            "field list + description, no constraints, no demos": variant([], instruction=fields + "Objective: " + desc,
+                                                                          constraints=()),
+            "field list + instruction + constraints, no demos": variant([], instruction=fields + spec.instruction),
+            "description + constraints, 2 demos": variant(base_ex, instruction=desc),
+        }
+    t = time.perf_counter()
+    reps = evaluate_many(engine, [EvalItem(sp, test, ex) for sp, ex in variants.values()], seed=0)
+    print(f"{name}: {len(variants)} x {len(test)} in {time.perf_counter() - t:.0f} s")
     b = reps[0]
-    for (name, _), r in zip(variants.items(), reps):
+    for (label, _), r in zip(variants.items(), reps):
         ci = bootstrap_ci(r.scores)
         d = bootstrap_ci(paired_diffs(r.scores, b.scores).tolist())
-        print(f"{name:<52} {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]  vs baseline {d.mean:+.3f} "
+        print(f"{label:<52} {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]  vs baseline {d.mean:+.3f} "
               f"[{d.low:+.3f}, {d.high:+.3f}]  prompt tokens {r.prompt_tokens / r.n:.0f}  valid {r.valid_json_rate:.2f}")
 
 
+def main(names: list[str]) -> None:
+    with load_engine(replace(load_settings().engine, backend="local", timeout_s=900)) as engine:
+        for name in names:
+            ablate(engine, name)
+
+
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ["invoice_extraction"])

@@ -36,7 +36,7 @@ from promptdistill.optimize import (
 )
 from promptdistill.optimize.run import OptimizeRun, measured_hit_rate, warm_share_from_hit_rate
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, unmeasured_quality
-from promptdistill.optimize.variants import reply_reminder, with_reply_reminder
+from promptdistill.optimize.variants import DESCRIBED, described_variant, reply_reminder, with_reply_reminder
 from promptdistill.search.racing import Decision, select
 from promptdistill.specs.datasets import dataset_for, records
 from promptdistill.specs.prompt import spec_messages
@@ -252,6 +252,25 @@ def test_instruction_variants_dedupe_and_keep_the_rest_of_the_spec(triage):
     assert instruction_variants(spec, None) == [("original", spec)]
 
 
+def test_the_described_variant_is_the_description_alone_and_a_separate_source(triage):
+    spec, _, _ = triage
+    spec = spec.with_changes(context="Teams: billing, technical, account.")
+    short = spec.with_changes(instruction="Route the ticket to one team.")
+    out = instruction_variants(spec, [("short", short)], max_variants=2, described=True)
+    # It takes no distiller finalist's place: max_variants counts the original and the distiller's.
+    assert [vid for vid, _ in out] == ["original", "short", DESCRIBED]
+    described = out[-1][1]
+    assert described.instruction == spec.description.strip() and described.constraints == ()
+    assert spec.constraints  # the fixture has rules to drop
+    assert (described.context, described.user, described.examples, described.output_schema) == (
+        spec.context, spec.user, spec.examples, spec.output_schema)
+    assert described_variant(spec) == described
+    assert instruction_variants(spec, [("short", short)], max_variants=2) == out[:2]  # off by default
+    # Nothing new to try: the spec already says only its description, or a distiller finalist does.
+    assert described_variant(described) is None
+    assert [vid for vid, _ in instruction_variants(spec, [("d", described)], described=True)] == ["original", "d"]
+
+
 def test_the_reply_reminder_restates_the_schemas_keys_after_the_input(triage):
     spec, _, _ = triage
     reminded = with_reply_reminder(spec)
@@ -400,8 +419,9 @@ def with_drop(spec, drop: float = 0.2, ttft_ms: float | None = 600):
     return spec.with_changes(slo=dataclasses.replace(spec.slo, max_quality_drop=drop, ttft_ms=ttft_ms))
 
 
+# The distiller's "short" is the candidate these runs follow; the described variant has its own test.
 RUN_BUDGET = OptimizeBudget(max_lm_calls=1000, screen_size=8, dev_size=58, test_size=8, fewshot_counts=(0, 2),
-                            similar_counts=(2,), timing_records=2, format_size=8)
+                            similar_counts=(2,), timing_records=2, format_size=8, described=False)
 
 
 @pytest.fixture(scope="module")
@@ -511,6 +531,32 @@ def test_published_template_renders_what_was_verified(fake_run, tmp_path, triage
     assert t.max_tokens == result.token_budget.max_tokens
 
 
+@pytest.mark.parametrize("worse", [False, True])
+def test_the_described_variant_is_screened_and_raced_like_any_candidate(triage, worse):
+    """The description alone is the cheapest prompt here: it wins when it answers as the
+    baseline does, and the screen drops it when it answers worse."""
+    spec, _, _ = triage
+    described = described_variant(spec)
+
+    def reply(req):
+        right = json.loads(_triage_reply(req))["label"]
+        if worse and req.chat()[0]["content"].startswith(described.instruction):
+            return json.dumps({"label": "technical" if right != "technical" else "billing"})
+        return json.dumps({"label": right})
+
+    budget = dataclasses.replace(RUN_BUDGET, described=True, timing_records=0, formats=False, similar_counts=())
+    result = optimize(FakeEngine(reply=reply), with_drop(spec), ttft_model=ttft_model(mape=0.02), budget=budget)
+    df = result.candidates.set_index("candidate_id")
+    assert {"described/none", "described/fixed2", "described+remind/none"} <= set(df.index)
+    if not worse:
+        assert result.winner_id == "described/none" and result.winner_spec.instruction == described.instruction
+        assert result.winner_spec.constraints == () and df.loc["described/none", "verdict"] == "non-inferior"
+    else:
+        assert not result.winner_id.startswith("described")
+        assert not df.loc[df.index.str.startswith("described"), "finalist"].any()
+        assert "screening: mean difference" in df.loc["described/none", "notes"]
+
+
 def test_the_slo_decides_who_may_win(triage):
     """The same run with an SLO only the shortest prompt meets: the others are noted and not raced."""
     spec, _, _ = triage
@@ -577,7 +623,7 @@ def test_a_winner_that_fails_on_test_is_reverted_to_the_baseline(triage):
 
     short = spec.with_changes(instruction="Pick the team for this ticket.")
     budget = OptimizeBudget(max_lm_calls=500, screen_size=8, dev_size=58, test_size=8, fewshot_counts=(0,),
-                            similar_counts=(), timing_records=0, formats=False)
+                            similar_counts=(), timing_records=0, formats=False, described=False)
     result = optimize(FakeEngine(reply=reply), spec, ttft_model=ttft_model(mape=0.02), budget=budget,
                       distill_candidates=[("short", short)])
     assert result.kept_baseline and result.winner_id == "baseline"

@@ -79,6 +79,8 @@ class OptimizeBudget:
                                               at_least=0, at_most=8)
     fixed_subsets: int = setting(2, "example sets tried per fixed count (the spec's own rule first)", at_least=0)
     max_variants: int = setting(3, "instruction variants, the original included", at_least=1)
+    described: bool = setting(True, "add the variant whose instruction is the spec's one-line description, without "
+                              "its rules (where constrained decoding carries the format, rules can cost quality)")
     screen_every: bool = setting(False, "screen every candidate, so the trade-off table shows each one's quality; "
                                  "off: only those that could still be a finalist (the same finalists, fewer LM calls)")
     block_aligned: bool = setting(True, "add, per pruned candidate, the variant with one pruned clause restored when "
@@ -295,7 +297,8 @@ class OptimizeRun:
         """Variants x example settings, each rendering a prompt different from the baseline's."""
         base = self.baseline
         out: list[ExampleCandidate] = []
-        for vid, vspec in instruction_variants(self.spec, self.distilled, max_variants=self.budget.max_variants):
+        for vid, vspec in instruction_variants(self.spec, self.distilled, max_variants=self.budget.max_variants,
+                                               described=self.budget.described):
             for k in self.budget.fewshot_counts:
                 if k == 0:
                     out.append(ExampleCandidate(id=f"{vid}/none", spec=fixed_spec(vspec, []), variant=vid,
