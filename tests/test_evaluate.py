@@ -91,6 +91,25 @@ def test_evaluate_many_keeps_each_items_records_examples_and_limits():
     assert evaluate_many(fake, [EvalItem(spec, [])])[0].n == 0
 
 
+def test_a_reply_that_fails_the_schema_scores_zero_whatever_a_lenient_metric_gives():
+    """summarize's python metric credits the facts it finds in any text; a service cannot parse a cut reply."""
+    from promptdistill.specs.metrics import score_reply
+
+    spec = load_spec("summarize")
+    record = {"id": "s1", "inputs": {"notes": "Ana: the price list goes live on Monday. Wei: the printer jams."},
+              "expected": {"key_points": ["price list goes live Monday", "the printer jams"]}}
+    whole = json.dumps({"summary": "The price list goes live on Monday; the printer jams.",
+                        "key_points": ["Price list goes live Monday.", "The printer jams."], "confidence_score": 0.9})
+    cut = whole[: whole.index('"confidence_score"')]  # stopped at max_tokens: no closing brace
+    lenient = score_reply(spec.metric, cut, record["expected"], output_schema=spec.output_schema,
+                          inputs=record["inputs"], record_id="s1", where=spec.where)
+    assert lenient > 0.5  # the metric alone passes it
+    report = evaluate(FakeEngine(lambda req: cut), spec, [record])
+    assert report.valid == [False] and report.scores == [0.0]
+    report = evaluate(FakeEngine(lambda req: whole), spec, [record])
+    assert report.valid == [True] and report.scores[0] > lenient
+
+
 def test_replies_cut_at_max_tokens_are_flagged_truncated():
     spec = load_spec("ticket_triage")
     fake = FakeEngine(lambda req: "one two three four five six", truncate=True)

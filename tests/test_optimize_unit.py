@@ -268,6 +268,8 @@ def test_the_described_variant_is_the_description_alone_and_a_separate_source(tr
     assert instruction_variants(spec, [("short", short)], max_variants=2) == out[:2]  # off by default
     # Nothing new to try: the spec already says only its description, or a distiller finalist does.
     assert described_variant(described) is None
+    # Without an output schema the rules may be the only statement of the reply's format.
+    assert described_variant(spec.with_changes(output_schema=None)) is None
     assert [vid for vid, _ in instruction_variants(spec, [("d", described)], described=True)] == ["original", "d"]
 
 

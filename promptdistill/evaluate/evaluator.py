@@ -14,8 +14,10 @@ Used by the distiller and the optimizer alike, so both measure quality the same 
 * with ``baseline_replies``, every reply is also compared with the baseline's reply by
   ``answer_equivalence`` (both orders); 1 better, 0.5 as good, 0 worse.
 
+A reply that fails the spec's output schema (truncated at ``max_tokens``, or free text
+where JSON was asked for) scores 0, whatever the metric gives it: a service cannot parse it.
 A reply the judge could not score (invalid twice) has score None and is left out of the
-mean; ``n_scored`` says how many counted. Nothing is filled in by default.
+mean; ``n_scored`` says how many counted. Nothing else is filled in.
 
 Example:
     >>> report = evaluate(engine, spec, splits.screen)       # doctest: +SKIP
@@ -202,6 +204,10 @@ def evaluate_many(engine: Engine, items: Sequence[EvalItem], *, judge_runner: Ju
         runner = judge_runner if judge_runner is not None else JudgeRunner(engine, seed=seed)
         _rubric_scores(runner, items, reports, rubric)
         _equivalence(runner, items, reports, compared)
+    for report in reports:
+        # A reply that fails its output schema is a request the service cannot parse: it
+        # scores 0 whatever its text earns from a lenient metric (truncated JSON must not pass).
+        report.scores = [0.0 if ok is False else score for score, ok in zip(report.scores, report.valid)]
     return reports
 
 

@@ -71,14 +71,15 @@ def with_reply_reminder(spec: Spec) -> Spec | None:
 def described_variant(spec: Spec) -> Spec | None:
     """``spec`` with its ``description`` as the whole instruction and no rules (constraints);
     its context, examples, user template and output unchanged. None when the description is
-    empty or already the instruction text.
+    empty or already the instruction text, or when the spec has no output schema: constrained
+    decoding then enforces no format, and the rules may be the only place the reply's is stated.
 
     Example:
         >>> described_variant(spec).instruction_text()  # doctest: +SKIP
         'Route an incoming customer support ticket to the team that should handle it.'
     """
     text = spec.description.strip()
-    if not text or text == spec.instruction_text():
+    if not text or text == spec.instruction_text() or (spec.output_schema is None and spec.schema_from is None):
         return None
     return spec.with_changes(instruction=text, constraints=())
 
