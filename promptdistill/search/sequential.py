@@ -238,10 +238,34 @@ class ConfidenceSequenceTest:
         return list(range(step, self.pool, step)) + [self.pool]
 
     def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
+        """'non-inferior', 'inferior', 'futile' or None (go on), with the bounds after ``len(diffs)`` records."""
         lower, upper = confidence_sequence(diffs, alpha=self.alpha, horizon=self.horizon or self.pool)
         lo, hi = float(lower[-1]), float(upper[-1])
         verdict = "non-inferior" if lo >= -margin else "inferior" if hi <= -margin else None
+        if verdict is None and hi < 0.0 and self.futile(diffs, lo, margin):
+            verdict = "futile"
         return verdict, lo, hi
+
+    def futile(self, diffs: Sequence[float], lower: float, margin: float) -> bool:
+        """Is certifying out of reach by the pool's end, were the trend so far to continue?
+
+        As the group-sequential test's futility stop: checked from ``FUTILITY_FROM`` of the
+        pool, and only when the chance of a certification is under ``FUTILITY_CP``. The
+        pool's mean is taken at its upper ``1 - FUTILITY_CP`` quantile given the records so
+        far (the rest scoring like them); the bound's gap below the mean shrinks at best
+        as ``1 / sqrt(records)`` (an optimistic gap: it stops later, not sooner). A stop only
+        withholds a certification, so it never raises the error rate. Without it, summarize's
+        described variant (a drop near the margin, bounds [-0.077, -0.043] at the end) raced
+        all 984 certify records, 17 minutes of a make run, to end undecided.
+        """
+        d = np.asarray(diffs, dtype=np.float64)
+        n, pool = d.size, self.pool
+        if n < 2 or not gs.FUTILITY_FROM <= n / pool < 1.0:
+            return False
+        mean = float(d.mean())
+        best_end = mean + float(stats.norm.isf(gs.FUTILITY_CP)) * float(d.std(ddof=1)) * math.sqrt(pool - n) / pool
+        gap_end = max(0.0, mean - lower) * math.sqrt(n / pool)
+        return best_end - gap_end < -margin
 
 
 MIN_GROUP_SEQUENTIAL_POOL = 100
