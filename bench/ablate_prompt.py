@@ -17,6 +17,7 @@ from promptdistill.core.stats import bootstrap_ci, paired_diffs  # noqa: E402
 from promptdistill.engine import load_engine  # noqa: E402
 from promptdistill.evaluate.evaluator import EvalItem, evaluate_many  # noqa: E402
 from promptdistill.optimize.examples import fixed_spec, select_examples  # noqa: E402
+from promptdistill.optimize.variants import described_variant  # noqa: E402
 from promptdistill.search.splits import split_records  # noqa: E402
 from promptdistill.specs import load_spec  # noqa: E402
 
@@ -26,9 +27,6 @@ def ablate(engine, name: str) -> None:
     s = split_records(spec, seed=0, screen_size=16, dev_size=1000, test_size=200)
     test = s.test[:100]
     base_ex = list(select_examples(spec, s.train, seed=0))
-    fields = ("Your input fields are:\n1. `document` (str): The text of the invoice or invoice email, as received.\n"
-              "Your output fields are:\n1. `vendor` (str)\n2. `invoice_number` (str)\n3. `total` (float)\n"
-              "4. `currency` (Literal['USD', 'EUR', 'GBP'])\n5. `due_date` (str): YYYY-MM-DD\n")
     desc = spec.description
     def variant(examples: list, **changes: object) -> tuple:
         return fixed_spec(spec.with_changes(**changes), examples), examples
@@ -36,9 +34,14 @@ def ablate(engine, name: str) -> None:
     variants = {
         f"baseline ({len(base_ex)} demos)": (spec, base_ex),
         "baseline, no demos": variant([]),
-        "description only, no constraints, no demos": variant([], instruction=desc, constraints=()),
+        # What the optimizer's described variant renders (OptimizeBudget.described), without examples.
+        "description only, no constraints, no demos": (fixed_spec(described_variant(spec), []), []),
     }
     if name == "invoice_extraction":
+        # DSPy's ChatAdapter field list for this signature (what its prompts start with).
+        fields = ("Your input fields are:\n1. `document` (str): The text of the invoice or invoice email, as "
+                  "received.\nYour output fields are:\n1. `vendor` (str)\n2. `invoice_number` (str)\n3. `total` "
+                  "(float)\n4. `currency` (Literal['USD', 'EUR', 'GBP'])\n5. `due_date` (str): YYYY-MM-DD\n")
         variants |= {
             "description + constraints, no demos": variant([], instruction=desc),
             "field list + description, no constraints, no demos": variant([], instruction=fields + "Objective: " + desc,

@@ -108,6 +108,18 @@ def test_a_reply_that_fails_the_schema_scores_zero_whatever_a_lenient_metric_giv
     assert report.valid == [False] and report.scores == [0.0]
     report = evaluate(FakeEngine(lambda req: whole), spec, [record])
     assert report.valid == [True] and report.scores[0] > lenient
+    # The rule holds over the judge too: a judge that likes a cut reply does not make it parse.
+    judged = _judged_summarize()
+
+    def judge_likes_everything(req):
+        return json.dumps({"score": 5}) if "score" in req.schema["properties"] else cut
+
+    report = evaluate(FakeEngine(judge_likes_everything), judged, [record])
+    assert report.valid == [False] and report.scores == [0.0] and report.judge_calls == 1
+    # Without an output schema nothing is invalid: the metric's score stands.
+    free = load_spec("ticket_triage").with_changes(output_schema=None)
+    report = evaluate(FakeEngine(lambda req: "Billing"), free, RECORDS[:1], constrained=False)
+    assert report.valid == [None] and report.scores == [1.0]
 
 
 def test_replies_cut_at_max_tokens_are_flagged_truncated():

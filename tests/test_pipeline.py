@@ -124,7 +124,7 @@ def test_prepare_job_names_the_missing_dataset(prompts):
         jobs.prepare_job(prompts / "summarize.yaml")
 
 
-def test_work_key_depends_on_exactly_what_determines_the_result(prompts):
+def test_work_key_depends_on_exactly_what_determines_the_result(prompts, monkeypatch):
     from promptdistill.optimize import OptimizeBudget, SelectionRule
 
     job = jobs.prepare_job(prompts / "ticket_triage.yaml")
@@ -147,6 +147,9 @@ def test_work_key_depends_on_exactly_what_determines_the_result(prompts):
     # The spec file's location is not part of it: only content counts.
     moved = jobs.SpecJob(**{**job.__dict__, "path": "/elsewhere/ticket_triage.yaml"})
     assert jobs.work_key("optimize", moved, **base) == key
+    # New scoring or decision rules: the same inputs no longer reuse a result made under the old ones.
+    monkeypatch.setattr(jobs, "RESULTS_VERSION", jobs.RESULTS_VERSION + 1)
+    assert jobs.work_key("optimize", job, **base) != key
 
 
 def test_stage_keys_follow_the_judge_definitions_and_nothing_else(prompts, tmp_path):

@@ -96,10 +96,18 @@ def settings_key(value: Any) -> Any:
     return json_safe(value)
 
 
+RESULTS_VERSION = 2
+"""Part of every work key: bumped when the code changes what a stage returns for the same
+inputs (how a reply is scored, how a race decides), so a warm state directory does not
+serve results made under the old rules. 2: a reply that fails its schema scores 0, and the
+confidence sequence stops for futility."""
+
+
 def work_key(stage: str, job: SpecJob, *, engine_key: str, seed: int, **settings: Any) -> str:
     """What determines one stage's result for one spec, hashed: the cache key of a task.
 
-    Always the spec's content, its dataset's bytes, the engine identity and the seed;
+    Always the spec's content, its dataset's bytes, the engine identity, the seed and
+    ``RESULTS_VERSION``;
     plus the stage's settings (budget, selection rule, distill config, TTFT model
     version...), each reduced to plain JSON by :func:`settings_key`. Never the engine
     object, a client or a DataFrame. The spec file's location is not part of it.
@@ -110,7 +118,8 @@ def work_key(stage: str, job: SpecJob, *, engine_key: str, seed: int, **settings
         'optimize-3f1c...'
     """
     parts = {
-        "stage": stage, "spec": job.spec_hash, "dataset": job.dataset_hash, "engine": engine_key, "seed": seed,
+        "stage": stage, "results": RESULTS_VERSION, "spec": job.spec_hash, "dataset": job.dataset_hash,
+        "engine": engine_key, "seed": seed,
         **{name: settings_key(value) for name, value in sorted(settings.items())},
     }
     return f"{stage}-" + hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:32]
