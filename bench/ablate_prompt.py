@@ -27,7 +27,7 @@ def ablate(engine, name: str) -> None:
     s = split_records(spec, seed=0, screen_size=16, dev_size=1000, test_size=200)
     test = s.test[:100]
     base_ex = list(select_examples(spec, s.train, seed=0))
-    desc = spec.description
+
     def variant(examples: list, **changes: object) -> tuple:
         return fixed_spec(spec.with_changes(**changes), examples), examples
 
@@ -38,6 +38,7 @@ def ablate(engine, name: str) -> None:
         "description only, no constraints, no demos": (fixed_spec(described_variant(spec), []), []),
     }
     if name == "invoice_extraction":
+        desc = spec.description
         # DSPy's ChatAdapter field list for this signature (what its prompts start with).
         fields = ("Your input fields are:\n1. `document` (str): The text of the invoice or invoice email, as "
                   "received.\nYour output fields are:\n1. `vendor` (str)\n2. `invoice_number` (str)\n3. `total` "

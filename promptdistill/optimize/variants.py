@@ -16,8 +16,8 @@ The described variant (``described_variant``) is the spec's one-line ``descripti
 the whole instruction, without its rules: the part a DSPy signature's docstring plays. On
 a small model the rules can cost quality where constrained decoding already enforces the
 reply's format: on 100 test records of SmolLM2-135M, invoice_extraction's description alone
-scored 0.570 against 0.418 as written (+0.152 [+0.102, +0.196], 145 prompt tokens against
-782; docs/bench/peers_invoice_tokens.md). Also a candidate the race decides.
+scored 0.570 against 0.420 as written (+0.150 [+0.100, +0.196], 145 prompt tokens against
+782; README "Described variant"). Also a candidate the race decides.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def described_variant(spec: Spec) -> Spec | None:
     """``spec`` with its ``description`` as the whole instruction and no rules (constraints);
     its context, examples, user template and output unchanged. None when the description is
     empty or already the instruction text, or when the spec has no output schema: constrained
-    decoding then enforces no format, and the rules may be the only place the reply's is stated.
+    decoding then enforces no format, and the rules may be the only statement of the reply's.
 
     Example:
         >>> described_variant(spec).instruction_text()  # doctest: +SKIP
