@@ -108,14 +108,22 @@ def test_a_reply_that_fails_the_schema_scores_zero_whatever_a_lenient_metric_giv
     assert report.valid == [False] and report.scores == [0.0]
     report = evaluate(FakeEngine(lambda req: whole), spec, [record])
     assert report.valid == [True] and report.scores[0] > lenient
-    # The rule holds over the judge too: a judge that likes a cut reply does not make it parse.
+    # The rule holds over the judge too: a judge that likes a cut reply does not make it
+    # parse, and it is not asked about one (its verdict could not count).
     judged = _judged_summarize()
+    other = {**record, "id": "s2", "inputs": {"notes": "Li: lunch moves to noon."}}
+    asked = []
 
     def judge_likes_everything(req):
-        return json.dumps({"score": 5}) if "score" in req.schema["properties"] else cut
+        text = json.dumps(req.messages)
+        if "score" in req.schema["properties"]:
+            asked.append(text)
+            return json.dumps({"score": 5})
+        return cut if "Ana:" in text else whole
 
-    report = evaluate(FakeEngine(judge_likes_everything), judged, [record])
-    assert report.valid == [False] and report.scores == [0.0] and report.judge_calls == 1
+    report = evaluate(FakeEngine(judge_likes_everything), judged, [record, other])
+    assert report.valid == [False, True] and report.scores == [0.0, 1.0]
+    assert report.judge_calls == 1 and len(asked) == 1 and "lunch" in asked[0] and "Ana:" not in asked[0]
     # Without an output schema nothing is invalid: the metric's score stands.
     free = load_spec("ticket_triage").with_changes(output_schema=None)
     report = evaluate(FakeEngine(lambda req: "Billing"), free, RECORDS[:1], constrained=False)

@@ -223,19 +223,24 @@ def _rubric_text(spec: Spec, record: Record) -> str:
 
 
 def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list[EvalReport], which: list[int]) -> None:
+    # A reply that fails its output schema scores 0 whatever the judge says (evaluate_many),
+    # so the judge is asked about the others only.
     asks, spans = [], []
     for k in which:
         spec, report = items[k].spec, reports[k]
-        spans.append((k, len(asks), len(asks) + report.n))
-        asks += [{"task": spec.description, "rubric": _rubric_text(spec, r),
-                  "input": _input_text(spec, r), "reference": value_text(r["expected"]), "answer": reply}
-                 for r, reply in zip(items[k].records, report.replies)]
-    if not asks:
-        return
-    verdicts = runner.run("rubric_score", asks)
-    for k, lo, hi in spans:
-        chunk = verdicts[lo:hi]
-        reports[k].scores = [(v.value["score"] - 1) / 4 if v.valid else None for v in chunk]
+        judged = [i for i, ok in enumerate(report.valid) if ok is not False]
+        spans.append((k, judged, len(asks)))
+        asks += [{"task": spec.description, "rubric": _rubric_text(spec, items[k].records[i]),
+                  "input": _input_text(spec, items[k].records[i]), "reference": value_text(items[k].records[i]["expected"]),
+                  "answer": report.replies[i]}
+                 for i in judged]
+    verdicts = runner.run("rubric_score", asks) if asks else []
+    for k, judged, lo in spans:
+        chunk = verdicts[lo : lo + len(judged)]
+        scores: list[float | None] = [0.0] * reports[k].n
+        for i, v in zip(judged, chunk):
+            scores[i] = (v.value["score"] - 1) / 4 if v.valid else None
+        reports[k].scores = scores
         # One batch served every item; each verdict knows the calls it took.
         reports[k].judge_calls += sum(v.attempts for v in chunk)
 
