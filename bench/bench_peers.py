@@ -28,9 +28,11 @@ exported by ``bench.peer_export``: the messages JSONAdapter sends (its system me
 the demos as user/assistant turns, the user message with the inputs as placeholders),
 its structured-output schema and the task LM's ``max_tokens``; the template's replies are
 parsed as JSONAdapter parses them and scored by the program's metric. The template sends
-the program's requests exactly (tests/test_peer_export.py), so its score should equal the
-program's own (reported beside it); a difference left is the engine's (batches made
-differently), to be measured. Its demo turns make it more than our registry's system +
+the program's requests exactly: every run checks, on every test record, that the template
+renders byte for byte the messages the adapter sent (``export_identical`` of
+``export_checked``). Its score should then equal the program's own (reported beside it); a
+difference left is the engine's (batches made differently) or the parse's. Ours is measured
+against the better of the two, paired on the test records. Its demo turns make it more than our registry's system +
 user template: it is scored and timed here, not published.
 
 Per side: test quality with a 95% bootstrap interval (and ours minus the peer, paired, with
@@ -658,9 +660,9 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     export it as a template (content included)."""
     import dspy
 
-    from bench.peer_export import export_program
-    from promptdistill.core.stats import bootstrap_ci
     from bench.dspy_bridge import make_dspy_lm
+    from bench.peer_export import export_program, render
+    from promptdistill.core.stats import bootstrap_ci
 
     counter = CallCounter(engine)
     temperature = 1.0 if kind.startswith("gepa") else 0.0  # GEPA's docs: a sampling reflection LM
@@ -712,7 +714,8 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     evaluation = dspy.Evaluate(devset=[to_example(spec, r) for r in split["test"]], metric=make_metric(spec),
                                num_threads=args.num_threads, max_errors=10**6, failure_score=0.0,
                                display_progress=False)(program)
-    ci = bootstrap_ci([float(s) for _, _, s in evaluation.results], seed=args.seed)
+    program_scores = [float(s) for _, _, s in evaluation.results]  # in test order, for the paired difference
+    ci = bootstrap_ci(program_scores, seed=args.seed)
     bridge.close()
     predictor = program.predictors()[0]
     instruction = predictor.signature.instructions
@@ -723,8 +726,14 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     # The program's own requests as a template (bench.peer_export): same messages, schema and max_tokens.
     content = export_program(spec.name, predictor.signature, predictor.demos, adapter,
                              max_tokens=task_lm.kwargs["max_tokens"], sampling={"temperature": 0.0})
+    # The byte-for-byte check, on every test record: the template renders what the adapter sent.
+    differing = [str(r["id"]) for r in split["test"]
+                 if render(content, r["inputs"]) != adapter.format(predictor.signature, predictor.demos, dict(r["inputs"]))]
     out.update(program_test_mean=ci.mean, program_test_ci_low=ci.low, program_test_ci_high=ci.high,
-               program_test_n=ci.n, test_eval_calls=counter.calls - before, instruction=instruction,
+               program_test_n=ci.n, program_scores=program_scores,
+               export_checked=len(split["test"]), export_identical=len(split["test"]) - len(differing),
+               export_differing=differing[:5],
+               test_eval_calls=counter.calls - before, instruction=instruction,
                examples=len(content["turns"]) // 2,
                dspy_prompt_tokens=round(statistics.fmean(sent), 1) if sent else None,
                instruction_tokens=len(engine.tokenize(pspec.instruction_text())), content=content)
@@ -823,21 +832,34 @@ def compare_spec(engine: Engine, model: Any, name: str, args: argparse.Namespace
             diffs = paired_diffs(ours["scores"], peer["scores"])
             d = bootstrap_ci(diffs.tolist(), seed=args.seed)
             c.update(quality_diff=d.mean, quality_diff_ci_low=d.low, quality_diff_ci_high=d.high, quality_diff_n=d.n)
+        if peer.get("program_scores") is not None:
+            d = bootstrap_ci(paired_diffs(ours["scores"], peer["program_scores"]).tolist(), seed=args.seed)
+            c.update(program_quality_diff=d.mean, program_quality_diff_ci_low=d.low,
+                     program_quality_diff_ci_high=d.high, program_quality_diff_n=d.n)
+        c["peer_better"] = better_side(peer)
         c["goal"] = goal(ours, peer)
         comparisons[kind] = c
     for s in sides.values():
         s.pop("scores", None)
+        s.pop("program_scores", None)
     minutes = (time.monotonic() - started) / 60.0
     print(f"[{name}] done in {minutes:.1f} min: " + json.dumps({k: v["goal"] for k, v in comparisons.items()}),
           flush=True)
     return {"split": sizes, "minutes": round(minutes, 2), "sides": sides, "comparisons": comparisons}
 
 
+def better_side(peer: Mapping[str, Any]) -> str:
+    """Which of a peer's two scores is higher: its exported ``template`` (``test_``) or its DSPy
+    ``program`` (``program_test_``); a team may serve either, so ours is measured against the better."""
+    template, program = peer.get("test_mean"), peer.get("program_test_mean")
+    return "program" if program is not None and (template is None or program > template) else "template"
+
+
 def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
-    """The issue's goal against one peer: quality at least the peer's (or inside its interval), a
-    shorter prompt, a lower cold TTFT, and at most a third of the peer's search tokens computed
-    (``search_tokens``: prefilled, not served by the prefix cache, + completion; the same count for
-    every side)."""
+    """The issue's goal against one peer: quality at least the better of the peer's template and
+    program (or inside its interval), a shorter prompt, a lower cold TTFT, and at most a third of
+    the peer's search tokens computed (``search_tokens``: prefilled, not served by the prefix cache,
+    + completion; the same count for every side)."""
 
     def known(*values: Any) -> bool:
         return all(v is not None for v in values)
@@ -845,7 +867,8 @@ def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
     if peer.get("error"):  # a peer that failed part-way has no result to measure against
         return {"quality": None, "prompt_tokens": None, "ttft_cold": None, "computed_tokens": None, "met": False}
 
-    q, pq, low = ours.get("test_mean"), peer.get("test_mean"), peer.get("test_ci_low")
+    prefix = "program_" if better_side(peer) == "program" else ""
+    q, pq, low = ours.get("test_mean"), peer.get(f"{prefix}test_mean"), peer.get(f"{prefix}test_ci_low")
     checks = {
         "quality": (q >= pq or q >= low) if known(q, pq, low) else None,
         "prompt_tokens": ours["prompt_tokens"] < peer["prompt_tokens"] if known(ours.get("prompt_tokens"),
@@ -860,6 +883,20 @@ def goal(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- report --------------------------------------------------------------------------------------------
+
+
+def _paired(c: Mapping[str, Any], side: str = "template") -> str:
+    """Ours - the peer's template (or program), paired over the test records, with its 95% interval."""
+    p = "program_" if side == "program" else ""
+    return (f"{_f(c.get(p + 'quality_diff'), '+.3f')} [{_f(c.get(p + 'quality_diff_ci_low'), '+.3f')}, "
+            f"{_f(c.get(p + 'quality_diff_ci_high'), '+.3f')}]")
+
+
+def export_line(kind: str, s: Mapping[str, Any]) -> str:
+    """How many test records the exported template renders byte for byte as the adapter sent them."""
+    differing = f" (differing, first ids: {', '.join(s['export_differing'])})" if s.get("export_differing") else ""
+    return (f"{kind}: the exported template renders the messages the adapter sent on {s['export_identical']} of "
+            f"{s['export_checked']} test records, byte for byte{differing}.")
 
 
 def _f(value: Any, spec: str = ".3f") -> str:
@@ -924,9 +961,10 @@ def shortfalls(name: str, r: Mapping[str, Any], peers: Sequence[str]) -> list[st
         peer, c = r["sides"][kind], r["comparisons"][kind]
         for part in parts:
             if part == "quality":
-                out.append(f"- quality against {kind}: ours {_ci(ours)}, {kind} {_ci(peer)}; paired difference "
-                           f"{_f(c.get('quality_diff'), '+.3f')} [{_f(c.get('quality_diff_ci_low'), '+.3f')}, "
-                           f"{_f(c.get('quality_diff_ci_high'), '+.3f')}]")
+                better = c.get("peer_better", "template")
+                prefix = "program_" if better == "program" else ""
+                out.append(f"- quality against {kind}'s {better}: ours {_ci(ours)}, {kind} {_ci(peer, prefix + 'test_')}; "
+                           f"paired difference {_paired(c, better)}")
             elif part == "prompt_tokens":
                 out.append(f"- prompt tokens against {kind}: ours {_f(ours['prompt_tokens'], '.0f')} (instruction "
                            f"{_f(ours.get('instruction_tokens'), '.0f')}), {kind} {_f(peer['prompt_tokens'], '.0f')} "
@@ -997,10 +1035,10 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                 f"{_f(s.get('ttft_cold_ms'), '.0f')} | {_f(s.get('ttft_warm_ms'), '.0f')} |")
         for kind in peers:
             c = r["comparisons"][kind]
-            diff = (f"{_f(c.get('quality_diff'), '+.3f')} [{_f(c.get('quality_diff_ci_low'), '+.3f')}, "
-                    f"{_f(c.get('quality_diff_ci_high'), '+.3f')}] (paired diff)")
+            diff = f"{_paired(c)} (paired diff)"
+            program_diff = f"{_paired(c, 'program')} (paired diff)" if c.get("program_quality_diff") is not None else ""
             lines.append(
-                f"| ours/{kind} | {diff} | | {_f(c['lm_calls_ours_over_peer'], '.2f')}x | "
+                f"| ours/{kind} | {diff} | {program_diff} | {_f(c['lm_calls_ours_over_peer'], '.2f')}x | "
                 f"{_f(c['tokens_processed_ours_over_peer'], '.2f')}x | "
                 f"{_f(c.get('computed_tokens_ours_over_peer'), '.2f')}x / {_f(c.get('search_tokens_ours_over_peer'), '.2f')}x | "
                 f"{_f(c['minutes_ours_over_peer'], '.2f')}x | "
@@ -1011,9 +1049,11 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
         lines += ["", f"Ours: **{ours['winner']}**{kept}: {ours['reason']}", ""]
         lines += [line for kind in peers if (line := search_line(kind, r["sides"][kind]))]
         lines += [line for kind in peers if (line := attempts_line(kind, r["sides"][kind]))]
+        lines += [export_line(kind, r["sides"][kind]) for kind in peers if r["sides"][kind].get("export_checked")]
         lines.append("")
     lines += ["## The goal, per spec and peer", "",
-              ("Quality at least the peer's (or inside its 95% interval), fewer prompt tokens, lower cold TTFT, at "
+              ("Quality at least the better of the peer's exported template and its DSPy program (or inside that "
+               "one's 95% interval), fewer prompt tokens, lower cold TTFT, at "
                f"most {GOAL_TOKENS_SHARE:.2f} of the peer's search tokens computed."), "",
               ("| spec | peer | quality (ours - peer, paired) | prompt tokens (ours/peer) | cold TTFT (ours/peer) | "
                "search tokens computed (ours/peer) | all |"), "|---|---|---|---|---|---|---|"]
@@ -1021,7 +1061,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
         for kind in peers:
             c = r["comparisons"][kind]
             g = c["goal"]
-            lines.append(f"| {name} | {kind} | {_mark(g['quality'])} ({_f(c.get('quality_diff'), '+.3f')}) | "
+            better = c.get("peer_better", "template")
+            lines.append(f"| {name} | {kind} | {_mark(g['quality'])} ({_paired(c, better)} against its {better}) | "
                          f"{_mark(g['prompt_tokens'])} ({_f(c['prompt_tokens_ours_over_peer'], '.2f')}x) | "
                          f"{_mark(g['ttft_cold'])} ({_f(c['ttft_cold_ms_ours_over_peer'], '.2f')}x) | "
                          f"{_mark(g.get('computed_tokens'))} ({_f(c.get('computed_tokens_ours_over_peer'), '.2f')}x) | "

@@ -266,12 +266,16 @@ def test_bench_peers(tmp_path, ttft_registry):
     for kind in peers:
         s = r["sides"][kind]
         numbers(s, ("program_test_mean", "test_eval_calls", "dspy_prompt_tokens"), f"{kind}.")
+        assert s["export_checked"] == 4 and s["export_identical"] == 4 and s["export_differing"] == []
         assert isinstance(s["instruction"], str)  # as the peer wrote it (empty is a finding, not an error)
         c = r["comparisons"][kind]
         number_or_none(c, PEERS_RATIOS, f"{kind}.")
+        numbers(c, ("quality_diff", "program_quality_diff"), f"{kind}.")
+        assert c["peer_better"] in ("template", "program") and "program_scores" not in s
         assert isinstance(c["goal"]["met"], bool)
         assert all(v is None or isinstance(v, bool) for v in c["goal"].values())
     assert "| ticket_triage | mipro |" in (tmp_path / "bench" / "peers.md").read_text()
+    assert "on 4 of 4 test records, byte for byte" in (tmp_path / "bench" / "peers.md").read_text()
     assert r["commit"] == report["commit"] and r["timestamp"]
 
     # Runs made apart join into one table, each spec under the commit it was measured at.
@@ -321,13 +325,17 @@ def test_make_bench_shows_progress_and_logs_the_rest(tmp_path, capsys):
 
 
 def test_a_failed_peer_is_not_measured_against():
-    from bench.bench_peers import goal
+    from bench.bench_peers import better_side, goal
 
     ours = {"test_mean": 0.4, "prompt_tokens": 500, "ttft_cold_ms": 300.0, "computed_tokens": 40_000}
     peer = {"test_mean": 0.3, "test_ci_low": 0.2, "prompt_tokens": 400, "ttft_cold_ms": 250.0, "computed_tokens": 100_000}
     assert goal(ours, peer) == {"quality": True, "prompt_tokens": False, "ttft_cold": False,
                                 "computed_tokens": False, "met": False}
     assert goal({**ours, "computed_tokens": 33_333}, peer)["computed_tokens"] is True
+    # A peer whose DSPy program scores above its template is measured by its program (a team may serve it).
+    served = {**peer, "program_test_mean": 0.45, "program_test_ci_low": 0.41}
+    assert better_side(served) == "program" and better_side(peer) == "template"
+    assert goal(ours, served)["quality"] is False and goal({**ours, "test_mean": 0.42}, served)["quality"] is True
     failed = {"error": "AdapterParseError: empty response", "computed_tokens": 120_000}
     assert goal(ours, failed) == {"quality": None, "prompt_tokens": None, "ttft_cold": None,
                                   "computed_tokens": None, "met": False}
