@@ -336,6 +336,9 @@ def test_a_failed_peer_is_not_measured_against():
     served = {**peer, "program_test_mean": 0.45, "program_test_ci_low": 0.41}
     assert better_side(served) == "program" and better_side(peer) == "template"
     assert goal(ours, served)["quality"] is False and goal({**ours, "test_mean": 0.42}, served)["quality"] is True
+    # Each side's interval counts: a template with the lower mean but a narrower interval still binds.
+    narrow = {**peer, "test_mean": 0.44, "test_ci_low": 0.43, "program_test_mean": 0.45, "program_test_ci_low": 0.30}
+    assert goal({**ours, "test_mean": 0.42}, narrow)["quality"] is False
     failed = {"error": "AdapterParseError: empty response", "computed_tokens": 120_000}
     assert goal(ours, failed) == {"quality": None, "prompt_tokens": None, "ttft_cold": None,
                                   "computed_tokens": None, "met": False}
