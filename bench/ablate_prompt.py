@@ -1,7 +1,7 @@
 """A spec on 100 test records: which part of the prompt moves quality (real engine).
 
 Run from a checkout: ``python -m bench.ablate_prompt [spec ...]`` (default invoice_extraction,
-which also gets DSPy-style field-list variants). Its figures are in
+which also gets DSPy-style field-list variants and the description with 2 and 4 demos). Its figures are in
 docs/bench/peers_invoice_tokens.md (Follow-up). A one-off study, not part of make bench.
 """
 import sys
@@ -16,7 +16,7 @@ from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.core.stats import bootstrap_ci, paired_diffs  # noqa: E402
 from promptdistill.engine import load_engine  # noqa: E402
 from promptdistill.evaluate.evaluator import EvalItem, evaluate_many  # noqa: E402
-from promptdistill.optimize.examples import fixed_spec, select_examples  # noqa: E402
+from promptdistill.optimize.examples import fixed_spec, fixed_subsets, select_examples  # noqa: E402
 from promptdistill.optimize.variants import described_variant  # noqa: E402
 from promptdistill.search.splits import split_records  # noqa: E402
 from promptdistill.specs import load_spec  # noqa: E402
@@ -27,6 +27,7 @@ def ablate(engine, name: str) -> None:
     s = split_records(spec, seed=0, screen_size=16, dev_size=1000, test_size=200)
     test = s.test[:100]
     base_ex = list(select_examples(spec, s.train, seed=0))
+    four = fixed_subsets(spec, s.train, 4, seed=0)[0][1]  # the optimizer's first fixed4 subset
 
     def variant(examples: list, **changes: object) -> tuple:
         return fixed_spec(spec.with_changes(**changes), examples), examples
@@ -49,6 +50,9 @@ def ablate(engine, name: str) -> None:
                                                                           constraints=()),
             "field list + instruction + constraints, no demos": variant([], instruction=fields + spec.instruction),
             "description + constraints, 2 demos": variant(base_ex, instruction=desc),
+            # The optimizer's described/fixed2 and /fixed4 (MIPROv2's program adds 4 demos).
+            "description only, no constraints, 2 demos": (fixed_spec(described_variant(spec), base_ex), base_ex),
+            "description only, no constraints, 4 demos": (fixed_spec(described_variant(spec), four), four),
         }
     t = time.perf_counter()
     reps = evaluate_many(engine, [EvalItem(sp, test, ex) for sp, ex in variants.values()], seed=0)
@@ -57,7 +61,7 @@ def ablate(engine, name: str) -> None:
     for (label, _), r in zip(variants.items(), reps):
         ci = bootstrap_ci(r.scores)
         d = bootstrap_ci(paired_diffs(r.scores, b.scores).tolist())
-        print(f"{label:<52} {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]  vs baseline {d.mean:+.3f} "
+        print(f"{label:<60} {ci.mean:.3f} [{ci.low:.3f}, {ci.high:.3f}]  vs baseline {d.mean:+.3f} "
               f"[{d.low:+.3f}, {d.high:+.3f}]  prompt tokens {r.prompt_tokens / r.n:.0f}  valid {r.valid_json_rate:.2f}")
 
 
