@@ -53,6 +53,7 @@ def ablate(engine, name: str) -> None:
             # The optimizer's described/fixed2 and /fixed4 (MIPROv2's program adds 4 demos).
             "description only, no constraints, 2 demos": (fixed_spec(described_variant(spec), base_ex), base_ex),
             "description only, no constraints, 4 demos": (fixed_spec(described_variant(spec), four), four),
+            "the spec as written, 4 demos": (fixed_spec(spec, four), four),  # the optimizer's original/fixed4
         }
     t = time.perf_counter()
     reps = evaluate_many(engine, [EvalItem(sp, test, ex) for sp, ex in variants.values()], seed=0)
