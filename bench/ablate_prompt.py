@@ -1,7 +1,8 @@
 """A spec on 100 test records: which part of the prompt moves quality (real engine).
 
 Run from a checkout: ``python -m bench.ablate_prompt [spec ...]`` (default invoice_extraction,
-which also gets DSPy-style field-list variants and the description with 2 and 4 demos). Its figures are in
+which also gets DSPy-style field-list variants, the description with 2 and 4 demos and the
+spec with 4). Its figures are in
 docs/bench/peers_invoice_tokens.md (Follow-up). A one-off study, not part of make bench.
 """
 import sys

@@ -230,10 +230,9 @@ def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list
         spec, report = items[k].spec, reports[k]
         judged = [i for i, ok in enumerate(report.valid) if ok is not False]
         spans.append((k, judged, len(asks)))
-        asks += [{"task": spec.description, "rubric": _rubric_text(spec, items[k].records[i]),
-                  "input": _input_text(spec, items[k].records[i]), "reference": value_text(items[k].records[i]["expected"]),
-                  "answer": report.replies[i]}
-                 for i in judged]
+        asks += [{"task": spec.description, "rubric": _rubric_text(spec, r), "input": _input_text(spec, r),
+                  "reference": value_text(r["expected"]), "answer": reply}
+                 for r, reply in ((items[k].records[i], report.replies[i]) for i in judged)]
     verdicts = runner.run("rubric_score", asks) if asks else []
     for k, judged, lo in spans:
         chunk = verdicts[lo : lo + len(judged)]
