@@ -89,7 +89,7 @@ def records(splits):
 
 def test_distill_prunes_what_is_not_needed_and_keeps_what_is(triage):
     spec, splits = triage
-    result = distill(triage_engine(records(splits)), spec, config=small(), splits=splits)
+    result = distill(triage_engine(records(splits)), spec, config=small(ablate_clear=True), splits=splits)
     winner = result.winner.spec.instruction_text()
     assert MAIN_RULE in winner
     assert result.winner.instruction_tokens < result.original.instruction_tokens
@@ -102,6 +102,25 @@ def test_distill_prunes_what_is_not_needed_and_keeps_what_is(triage):
     assert result.agreement_rate == 1.0
     assert result.calibration["n"] == 8 and result.calibration["swap_consistency"] == 0.0
     assert spec == load_spec("ticket_triage")  # the input is not changed
+
+
+def test_ablation_spends_records_only_where_the_judge_is_unsure(triage):
+    spec, splits = triage
+    prunable = [c for c in split_clauses(spec) if not c.protected]
+    unsure = next(c for c in prunable if not c.text.startswith(MAIN_RULE))
+    scores = {unsure.text[:20]: 3}  # the main rule gets 5, the rest 1: clear
+    runs = {}
+    for clear in (False, True):
+        engine = triage_engine(records(splits), judge_scores=scores)
+        result = distill(engine, spec, config=small(ablate_clear=clear, rewrite=False), splits=splits)
+        rows = [r for r in result.clause_rows if r["round"] == 1 and not r["protected"]]
+        runs[clear] = (result, {r["clause_id"] for r in rows if r["ablation_delta"] is not None}, engine.calls)
+    (lean, lean_ablated, lean_calls), (full, full_ablated, full_calls) = runs[False], runs[True]
+    assert lean_ablated == {unsure.id}
+    assert full_ablated == {c.id for c in prunable}
+    # Each skipped ablation is one screen evaluation fewer (the rest of the run may differ).
+    assert full_calls - lean_calls >= (len(prunable) - 1) * SIZES["screen_size"]
+    assert MAIN_RULE in lean.winner.text and lean.winner.decision.verdict == "non-inferior"
 
 
 def test_protected_clauses_are_in_every_candidate(triage):
@@ -334,7 +353,13 @@ def test_real_run_same_seed_same_result(engine, real_run):
     spec, first = real_run
     second = distill(engine, spec, config=DistillConfig(**REAL))
     assert second.candidate_rows() == first.candidate_rows()
-    assert second.clause_rows == first.clause_rows
+    # The judge's free-text reason can drift after some tokens: the CPU engine's numerics
+    # depend on what its prefix cache holds (about 1 run in 3 at 29796ea). Scores, ablation
+    # deltas and what was kept must not.
+    def decided(rows):
+        return [{k: v for k, v in r.items() if k != "judge_reason"} for r in rows]
+
+    assert decided(second.clause_rows) == decided(first.clause_rows)
     assert second.winner.text == first.winner.text
 
 

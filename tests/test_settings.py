@@ -28,7 +28,7 @@ DEFAULTS = {
     DistillConfig: dict(seed=0, screen_size=16, dev_size=1000, test_size=200, thresholds=(0.5, 0.75),
                         target_ratios=(0.5, 0.3), max_rounds=2, max_lm_calls=1500, max_minutes=10.0,
                         max_quality_drop=None, alpha=0.1, finalists=3, first_look=50, race=True, screen_every=False,
-                        ablation=True, rewrite=True, proposals=(), calibrate=True, judge_examples=3),
+                        ablation=True, ablate_clear=False, rewrite=True, proposals=(), calibrate=True, judge_examples=3),
     OptimizeBudget: dict(max_lm_calls=4000, max_minutes=60.0, screen_size=16, dev_size=1000, test_size=200,
                          fewshot_counts=(0, 2, 4, 8), similar_counts=(2, 4), fixed_subsets=2, max_variants=3, described=True,
                          screen_every=False, block_aligned=True, reply_reminder=True, feature_records=6, timing_records=3, formats=True, format_size=16),

@@ -49,7 +49,8 @@ class ClauseScore:
     judge_reason: str | None = None
     judge_error: str | None = None
     ablation_delta: float | None = None
-    """Mean score without the clause minus mean score with it, on the dev minibatch."""
+    """Mean score without the clause minus mean score with it, on the screen records; None
+    when not ablated (ablation off, the judge's score clear, or no budget left)."""
 
     @property
     def judge_necessity(self) -> float | None:
