@@ -1215,9 +1215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config["ours_preset"] = {k: settings_key(v) for k, v in preset.items() if k != "ttft_budget"}
     config.update({"mipro_auto": "light", "gepa_auto": "light" if args.gepa_metric_calls is None else None,
                    "dspy_version": dspy.__version__, "adapter": "JSONAdapter", "ttft_model": model.version,
-                   "gepa_objectives": why, "gepa_objectives_supported": supported,
-                   "skipped": {"summarize": "judge-scored: the peers' metric would be our own judge on the 135M "
-                                            "model, so the comparison would measure the judge, not the optimizers"}})
+                   "gepa_objectives": why, "gepa_objectives_supported": supported})
     stamp = {"commit": commit(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     rows = {name: {**row, **stamp} for name, row in rows.items()}
     result = {"config": config, "identity": identity, "total_minutes": round(total, 2), "specs": rows}
