@@ -284,6 +284,8 @@ def test_cli_parses_budgets_and_prints_every_table(triage):
                                       "--alpha", "0.05", "--screen", "6"])
     config = _config(args)
     assert (config.max_lm_calls, config.dev_size, config.rewrite, config.ablation) == (50, 10, False, True)
+    assert not config.ablate_clear
+    assert _config(build_parser().parse_args(["distill", "ticket_triage", "--ablate-clear"])).ablate_clear
     assert (config.alpha, config.screen_size) == (0.05, 6)
     bad = build_parser().parse_args(["distill", "x", "--budget-calls", "0"])
     from promptdistill.core.errors import ConfigError

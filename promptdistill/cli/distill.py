@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_search_arguments(p, budget=CONFIG, race=CONFIG)
     add_setting_options(p, CONFIG, CONFIG_FLAGS)
     p.add_argument("--no-ablation", action="store_true", help="score clauses with the judge only")
+    p.add_argument("--ablate-clear", action="store_true",
+                   help="ablate every clause; by default only those the judge scored 2-4 (or could not score)")
     p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")
     p.add_argument("--no-calibrate", action="store_true", help="skip the judge-vs-metric calibration")
     p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")
@@ -39,7 +41,8 @@ def _config(args: argparse.Namespace) -> Any:
 
     values = budget_values(args, seed=args.seed, alpha=args.alpha, finalists=args.finalists,
                            **setting_values(args, CONFIG_FLAGS))
-    values.update(ablation=not args.no_ablation, rewrite=not args.no_rewrite, calibrate=not args.no_calibrate)
+    values.update(ablation=not args.no_ablation, ablate_clear=args.ablate_clear, rewrite=not args.no_rewrite,
+                  calibrate=not args.no_calibrate)
     with flag_errors("distill"):
         return DistillConfig(**values)
 
