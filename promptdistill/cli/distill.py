@@ -86,7 +86,7 @@ def _cut(text: str | None, width: int) -> str:
 
 def format_result(result: Any) -> str:
     """The report ``promptdistill distill`` prints."""
-    lines = ["", "Clauses"]
+    lines = ["", "Clauses (ablation '-': not ablated; by default only the judge's scores 2-4 are, see --ablate-clear)"]
     lines.append(f"  {'rnd':>3} {'id':<4} {'prot':<4} {'judge':>5} {'ablation':>8} {'kept':<6} text")
     for r in result.clause_rows:
         judge = str(r["judge_score"]) if r["judge_score"] is not None else ("inv" if r["judge_error"] else "-")
