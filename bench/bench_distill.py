@@ -45,8 +45,9 @@ def main() -> None:
     from promptdistill.specs.load import load_spec
 
     settings = load_settings()
+    # ablate_clear: the agreement column needs every clause ablated, not only the judge's unsure ones.
     config = DistillConfig(seed=args.seed, max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes,
-                           dev_size=args.dev, test_size=args.test, screen_size=args.screen)
+                           dev_size=args.dev, test_size=args.test, screen_size=args.screen, ablate_clear=True)
     rows, judges = [], {}
     with load_engine(settings.engine) as engine:
         cached = CachedEngine(engine, lm_cache_path(settings.state_dir))

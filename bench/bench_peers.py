@@ -101,8 +101,8 @@ PHASE_LEVERS = {
     "test verification": "the baseline and the winner are each scored on every test record: scoring only the "
                          "winner (reusing the baseline's scores from an earlier night on the same template, engine "
                          "and records) would halve it; it scales with test_size",
-    "ablations": "one pass over the screen records per unprotected clause: ablating only the clauses the judge "
-                 "does not clearly keep or drop, or fewer screen records, cuts it",
+    "ablations": "one pass over the screen records per clause the judge is unsure of (scored 2-4 or not at all): "
+                 "fewer screen records cut it",
     "screening": "every grid candidate (instruction variants x example counts) on the screen records: fewer "
                  "variants or counts cut it in proportion",
     "output formats": "two more output formats on format_size records, a table only (constrained decoding is "

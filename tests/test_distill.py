@@ -65,6 +65,8 @@ def triage_engine(dev_and_test, judge_scores=None):
         props = (req.schema or {}).get("properties", {})
         user = req.chat()[-1]["content"]
         if "reason" in props:
+            if "Marked clause: " not in user:  # the repair of an invalid reply: invalid again
+                return json.dumps({"score": 9, "reason": "scripted"})
             clause = user.split("Marked clause: ", 1)[1].split("\n", 1)[0]
             score = (judge_scores or {}).get(clause[:20], 5 if clause.startswith(MAIN_RULE) else 1)
             return json.dumps({"score": score, "reason": "scripted"})
@@ -107,8 +109,12 @@ def test_distill_prunes_what_is_not_needed_and_keeps_what_is(triage):
 def test_ablation_spends_records_only_where_the_judge_is_unsure(triage):
     spec, splits = triage
     prunable = [c for c in split_clauses(spec) if not c.protected]
-    unsure = next(c for c in prunable if not c.text.startswith(MAIN_RULE))
-    scores = {unsure.text[:20]: 3}  # the main rule gets 5, the rest 1: clear
+    others = [c for c in prunable if not c.text.startswith(MAIN_RULE)]
+    # The last clause is unsure (a misaligned ablation would land on an earlier one), the
+    # first gets a score outside the scale (invalid twice: no score); the main rule gets 5
+    # and the rest 1: clear.
+    unsure, unscored = others[-1], others[0]
+    scores = {unsure.text[:20]: 3, unscored.text[:20]: 9}
     runs = {}
     for clear in (False, True):
         engine = triage_engine(records(splits), judge_scores=scores)
@@ -116,10 +122,11 @@ def test_ablation_spends_records_only_where_the_judge_is_unsure(triage):
         rows = [r for r in result.clause_rows if r["round"] == 1 and not r["protected"]]
         runs[clear] = (result, {r["clause_id"] for r in rows if r["ablation_delta"] is not None}, engine.calls)
     (lean, lean_ablated, lean_calls), (full, full_ablated, full_calls) = runs[False], runs[True]
-    assert lean_ablated == {unsure.id}
+    assert lean_ablated == {unsure.id, unscored.id}
+    assert [r["judge_score"] for r in lean.clause_rows if r["round"] == 1 and r["clause_id"] == unscored.id] == [None]
     assert full_ablated == {c.id for c in prunable}
     # Each skipped ablation is one screen evaluation fewer (the rest of the run may differ).
-    assert full_calls - lean_calls >= (len(prunable) - 1) * SIZES["screen_size"]
+    assert full_calls - lean_calls >= (len(prunable) - 2) * SIZES["screen_size"]
     assert MAIN_RULE in lean.winner.text and lean.winner.decision.verdict == "non-inferior"
 
 

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_setting_options(p, CONFIG, CONFIG_FLAGS)
     p.add_argument("--no-ablation", action="store_true", help="score clauses with the judge only")
     p.add_argument("--ablate-clear", action="store_true",
-                   help="ablate every clause; by default only those the judge scored 2-4 (or could not score)")
+                   help="ablate every clause; by default only those the judge scored 2-4 (or could not score). "
+                        "No effect with --no-ablation")
     p.add_argument("--no-rewrite", action="store_true", help="prune only; skip distill_rewrite")
     p.add_argument("--no-calibrate", action="store_true", help="skip the judge-vs-metric calibration")
     p.add_argument("--no-cache", action="store_true", help="do not use the LM result cache")
@@ -86,7 +87,8 @@ def _cut(text: str | None, width: int) -> str:
 
 def format_result(result: Any) -> str:
     """The report ``promptdistill distill`` prints."""
-    lines = ["", "Clauses (ablation '-': not ablated; by default only the judge's scores 2-4 are, see --ablate-clear)"]
+    lines = ["", "Clauses (ablation '-': not ablated; by default only those the judge scored 2-4 or not at all are, "
+                 "see --ablate-clear)"]
     lines.append(f"  {'rnd':>3} {'id':<4} {'prot':<4} {'judge':>5} {'ablation':>8} {'kept':<6} text")
     for r in result.clause_rows:
         judge = str(r["judge_score"]) if r["judge_score"] is not None else ("inv" if r["judge_error"] else "-")
@@ -112,7 +114,7 @@ def format_result(result: Any) -> str:
         f"{format_number(s.get('test_original_ci_high'), '.3f')}] -> {format_number(s.get('test_winner_mean'), '.3f')} "
         f"[{format_number(s.get('test_winner_ci_low'), '.3f')}, {format_number(s.get('test_winner_ci_high'), '.3f')}] "
         f"on {s.get('test_original_n') or 0} held-out records",
-        f"  judge/ablation agreement on necessary clauses: {format_number(s['agreement_rate'], '.2f')}",
+        f"  judge/ablation agreement on necessary clauses (those ablated): {format_number(s['agreement_rate'], '.2f')}",
         f"  rounds {s['rounds']}, stopped: {s['stop_reason']}",
         f"  LM calls: search {s['search_lm_calls']}, total {s['total_lm_calls']} of {s['budget_lm_calls']}; "
         f"{s['elapsed_s']:.0f} s",

@@ -1,8 +1,8 @@
 """The distiller's candidates and clause scores (pure: nothing here calls an engine).
 
-A clause's necessity is scored twice: by the ``clause_necessity`` judge (1-5, mapped to
-[0, 1]) and by ablation (the change in mean score on the screen records when the clause
-is dropped). ``prune_keep_sets`` turns the scores into the clause sets each pruning rule
+A clause's necessity is scored by the ``clause_necessity`` judge (1-5, mapped to [0, 1])
+and, where the judge is unsure (unless ``ablate_clear``), by ablation (the change in mean
+score on the screen records when the clause is dropped). ``prune_keep_sets`` turns the scores into the clause sets each pruning rule
 keeps; each set becomes one :class:`DistillCandidate`.
 """
 

@@ -65,7 +65,8 @@ class DistillResult:
     clause_rows: list[dict[str, Any]]
     judge_stats: list[dict[str, Any]]
     agreement_rate: float | None
-    """How often the judge and ablation agreed on which clauses are necessary."""
+    """How often the judge and ablation agreed on which clauses are necessary (on the clauses
+    ablated: by default those the judge was unsure of; None when none was)."""
     calibration: dict[str, Any] | None
     """answer_equivalence against the metric (programmatic metrics only)."""
     test: dict[str, EvalReport]
