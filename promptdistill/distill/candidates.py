@@ -2,8 +2,9 @@
 
 A clause's necessity is scored by the ``clause_necessity`` judge (1-5, mapped to [0, 1])
 and, where the judge is unsure (unless ``ablate_clear``), by ablation (the change in mean
-score on the screen records when the clause is dropped). ``prune_keep_sets`` turns the scores into the clause sets each pruning rule
-keeps; each set becomes one :class:`DistillCandidate`.
+score on the screen records when the clause is dropped). ``prune_keep_sets`` turns the
+scores into the clause sets each pruning rule keeps; each set becomes one
+:class:`DistillCandidate`.
 """
 
 from __future__ import annotations
