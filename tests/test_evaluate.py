@@ -143,7 +143,6 @@ def test_judge_cost_counts_every_judge_repair():
     assert judge_cost(load_spec("ticket_triage"), 10) == 10
     assert judge_cost(_judged_summarize(), 10) == 30  # generation + rubric judge with one repair
     assert judge_cost(load_spec("summarize"), 10) == 10  # its bundled metric is a python function
-    assert judge_cost(load_spec("ticket_triage"), 10, with_equivalence=True) == 50  # + both orders, repaired
 
 
 def _judged_summarize():
@@ -183,24 +182,6 @@ def test_a_judge_that_stays_invalid_leaves_the_record_unscored():
     assert report.judge_calls == 2 and runner.stats["rubric_score"].invalid == 1
 
 
-def judge_says_same(req):
-    """The equivalence judge answers "same"; the task answers "billing"."""
-    if "verdict" in (req.schema or {}).get("properties", {}):
-        return json.dumps({"verdict": "same"})
-    return json.dumps({"label": "billing"})
-
-
-def test_baseline_replies_are_compared_in_both_orders():
-    spec = load_spec("ticket_triage")
-
-    fake = FakeEngine(judge_says_same)
-    report = evaluate(fake, spec, RECORDS, baseline_replies=['{"label": "billing"}'] * 3)
-    assert report.equivalence == [0.5, 0.5, 0.5]
-    assert report.judge_calls == 6 and fake.batches == [3, 6]
-    with pytest.raises(ValueError, match="baseline_replies"):
-        evaluate(fake, spec, RECORDS, baseline_replies=["x"])
-
-
 def test_merged_reports_concatenate():
     spec = load_spec("ticket_triage")
     fake = label_engine(lambda user: "billing")
@@ -210,17 +191,6 @@ def test_merged_reports_concatenate():
     assert merged.mean == pytest.approx(1 / 3)
     assert merged.completion_tokens == [2, 2, 2] and merged.truncated == [False] * 3
     assert merged.prompt_tokens == a.prompt_tokens + b.prompt_tokens
-    assert merged.equivalence is None
-
-
-def test_merged_equivalence_fills_the_side_without_it():
-    spec = load_spec("ticket_triage")
-
-    fake = FakeEngine(judge_says_same)
-    compared = evaluate(fake, spec, RECORDS[:1], baseline_replies=['{"label": "billing"}'])
-    plain = evaluate(fake, spec, RECORDS[1:])
-    assert compared.merged(plain).equivalence == [0.5, None, None]
-    assert plain.merged(compared).equivalence == [None, None, 0.5]
 
 
 def test_head_keeps_the_first_records():

@@ -10,9 +10,7 @@ Used by the distiller and the optimizer alike, so both measure quality the same 
 * replies are scored with ``metrics.score_reply``; ``judge_rubric`` specs are scored by
   the ``rubric_score`` judge, whose 1-5 score is mapped to [0, 1] as (score - 1) / 4;
 * a record's ``reference`` (scoring data) goes to the metric and to the judge's rubric,
-  never into the rendered prompt;
-* with ``baseline_replies``, every reply is also compared with the baseline's reply by
-  ``answer_equivalence`` (both orders); 1 better, 0.5 as good, 0 worse.
+  never into the rendered prompt.
 
 A reply that fails the spec's output schema (truncated at ``max_tokens``, or free text
 where JSON was asked for) scores 0, whatever the metric gives it: a service cannot parse it.
@@ -66,8 +64,6 @@ class EvalReport:
     generation_calls: int = 0
     judge_calls: int = 0
     """LM requests the judges made for this evaluation (repairs included)."""
-    equivalence: list[float | None] | None = None
-    """answer_equivalence against the baseline's replies (1/0.5/0), when asked for."""
 
     @property
     def n(self) -> int:
@@ -92,9 +88,6 @@ class EvalReport:
 
     def merged(self, other: "EvalReport") -> "EvalReport":
         """This report followed by ``other`` (same spec, disjoint records)."""
-        eq = None
-        if self.equivalence is not None or other.equivalence is not None:
-            eq = (self.equivalence or [None] * self.n) + (other.equivalence or [None] * other.n)
         return EvalReport(
             spec_name=self.spec_name,
             record_ids=self.record_ids + other.record_ids,
@@ -106,7 +99,6 @@ class EvalReport:
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             generation_calls=self.generation_calls + other.generation_calls,
             judge_calls=self.judge_calls + other.judge_calls,
-            equivalence=eq,
         )
 
     def head(self, n: int) -> "EvalReport":
@@ -114,7 +106,7 @@ class EvalReport:
         return EvalReport(
             spec_name=self.spec_name, record_ids=self.record_ids[:n], scores=self.scores[:n],
             replies=self.replies[:n], valid=self.valid[:n], completion_tokens=self.completion_tokens[:n],
-            truncated=self.truncated[:n], equivalence=None if self.equivalence is None else self.equivalence[:n],
+            truncated=self.truncated[:n],
         )
 
 
@@ -129,8 +121,6 @@ class EvalItem:
     """Constrain decoding to ``spec.output_schema`` (if it has one)."""
     max_tokens: int | None = None
     """Overrides ``spec.max_tokens`` (256 when the spec has none)."""
-    baseline_replies: Sequence[str] | None = None
-    """The baseline's replies to the same records, to compare with (answer_equivalence)."""
 
     def requests(self, seed: int) -> list[GenerationRequest]:
         limit = self.max_tokens or self.spec.max_tokens or 256
@@ -142,21 +132,16 @@ class EvalItem:
         ]
 
 
-def judge_cost(spec: Spec, n_records: int, *, with_equivalence: bool = False) -> int:
+def judge_cost(spec: Spec, n_records: int) -> int:
     """Most LM calls ``evaluate`` can make on ``n_records`` (every judge repair included)."""
-    calls = n_records
-    if spec.metric.kind == "judge_rubric":
-        calls += 2 * n_records
-    if with_equivalence:
-        calls += 4 * n_records
-    return calls
+    return 3 * n_records if spec.metric.kind == "judge_rubric" else n_records
 
 
 def evaluate(engine: Engine, spec: Spec, records: Sequence[Record], *, examples: Sequence[Record] = (),
              constrained: bool = True, judge_runner: JudgeRunner | None = None, max_tokens: int | None = None,
-             seed: int = 0, baseline_replies: Sequence[str] | None = None) -> EvalReport:
+             seed: int = 0) -> EvalReport:
     """Evaluate one spec on ``records`` with one batched ``generate`` call (see ``EvalItem``)."""
-    item = EvalItem(spec, records, examples, constrained, max_tokens, baseline_replies)
+    item = EvalItem(spec, records, examples, constrained, max_tokens)
     return evaluate_many(engine, [item], judge_runner=judge_runner, seed=seed)[0]
 
 
@@ -167,13 +152,10 @@ def evaluate_many(engine: Engine, items: Sequence[EvalItem], *, judge_runner: Ju
     Args:
         engine: any engine (wrap it in ``CachedEngine`` to make re-runs free).
         items: what to evaluate; each item's report comes back in order.
-        judge_runner: the ``JudgeRunner`` for judge-scored specs and equivalence; one on
-            ``engine`` is made when needed and not given.
+        judge_runner: the ``JudgeRunner`` for judge-scored specs; one on ``engine`` is made
+            when needed and not given.
         seed: sampling seed of every request.
     """
-    for item in items:
-        if item.baseline_replies is not None and len(item.baseline_replies) != len(item.records):
-            raise ValueError(f"baseline_replies has {len(item.baseline_replies)} replies for {len(item.records)} records")
     batches = [item.requests(seed) for item in items]
     results = engine.generate([req for batch in batches for req in batch]) if any(batches) else []
     reports, start = [], 0
@@ -199,11 +181,9 @@ def evaluate_many(engine: Engine, items: Sequence[EvalItem], *, judge_runner: Ju
             generation_calls=len(chunk),
         ))
     rubric = [k for k, item in enumerate(items) if item.spec.metric.kind == "judge_rubric" and item.records]
-    compared = [k for k, item in enumerate(items) if item.baseline_replies is not None and item.records]
-    if rubric or compared:
+    if rubric:
         runner = judge_runner if judge_runner is not None else JudgeRunner(engine, seed=seed)
         _rubric_scores(runner, items, reports, rubric)
-        _equivalence(runner, items, reports, compared)
     for report in reports:
         # A reply that fails its output schema is a request the service cannot parse: it
         # scores 0 whatever its text earns from a lenient metric (truncated JSON must not pass).
@@ -243,18 +223,3 @@ def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list
         # One batch served every item; each verdict knows the calls it took.
         reports[k].judge_calls += sum(v.attempts for v in chunk)
 
-
-def _equivalence(runner: JudgeRunner, items: Sequence[EvalItem], reports: list[EvalReport], which: list[int]) -> None:
-    triples, spans = [], []
-    for k in which:
-        item, report = items[k], reports[k]
-        spans.append((k, len(triples), len(triples) + report.n))
-        triples += [(_input_text(item.spec, r), base, reply)
-                    for r, base, reply in zip(item.records, item.baseline_replies or (), report.replies)]
-    if not triples:
-        return
-    comparisons = runner.compare(items[which[0]].spec.description, triples)
-    for k, lo, hi in spans:
-        chunk = comparisons[lo:hi]
-        reports[k].equivalence = [c.score for c in chunk]
-        reports[k].judge_calls += sum(c.forward.attempts + c.backward.attempts for c in chunk)
