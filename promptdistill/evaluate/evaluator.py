@@ -222,4 +222,3 @@ def _rubric_scores(runner: JudgeRunner, items: Sequence[EvalItem], reports: list
         reports[k].scores = scores
         # One batch served every item; each verdict knows the calls it took.
         reports[k].judge_calls += sum(v.attempts for v in chunk)
-
