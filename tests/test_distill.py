@@ -121,7 +121,7 @@ def test_ablation_spends_records_only_where_the_judge_is_unsure(triage):
         result = distill(engine, spec, config=small(ablate_clear=clear, rewrite=False), splits=splits)
         rows = [r for r in result.clause_rows if r["round"] == 1 and not r["protected"]]
         runs[clear] = (result, {r["clause_id"] for r in rows if r["ablation_delta"] is not None}, engine.calls)
-    (lean, lean_ablated, lean_calls), (full, full_ablated, full_calls) = runs[False], runs[True]
+    (lean, lean_ablated, lean_calls), (_, full_ablated, full_calls) = runs[False], runs[True]
     assert lean_ablated == {unsure.id, unscored.id}
     assert [r["judge_score"] for r in lean.clause_rows if r["round"] == 1 and r["clause_id"] == unscored.id] == [None]
     assert full_ablated == {c.id for c in prunable}

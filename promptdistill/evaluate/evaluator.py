@@ -134,6 +134,7 @@ class EvalItem:
 
 def judge_cost(spec: Spec, n_records: int) -> int:
     """Most LM calls ``evaluate`` can make on ``n_records`` (every judge repair included)."""
+    # One generation per record; a judge-scored one adds the rubric judge's ask and one repair.
     return 3 * n_records if spec.metric.kind == "judge_rubric" else n_records
 
 
