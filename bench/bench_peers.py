@@ -56,7 +56,8 @@ Usage:
         [--train 100] [--dev 100] [--test 100] [--peers mipro,gepa,gepa_ttft]
         [--gepa-metric-calls N] [--num-threads 16] [--timing-records 3] [--seed 0]
     python -m bench.bench_peers --merge run1/peers.json run2/peers.json   # one table from runs
-        # made at different times (each spec keeps its commit); no LM call
+        # made at different times (each spec keeps its commit); no LM call. One spec's peers
+        # may come from separate runs (--peers mipro, then --peers gepa) when ours agrees
 """
 
 from __future__ import annotations
@@ -951,11 +952,11 @@ def search_line(kind: str, s: Mapping[str, Any]) -> str | None:
     return line
 
 
-def shortfalls(name: str, r: Mapping[str, Any], peers: Sequence[str]) -> list[str]:
+def shortfalls(name: str, r: Mapping[str, Any]) -> list[str]:
     """Per spec: each missed part of the goal in numbers; for tokens, the phases that spend them and the levers."""
     ours = r["sides"]["ours"]
     missed = {k: [part for part in ("quality", "prompt_tokens", "ttft_cold", "computed_tokens")
-                  if r["comparisons"][k]["goal"][part] is False] for k in peers}
+                  if c["goal"][part] is False] for k, c in r["comparisons"].items()}
     if not any(missed.values()):
         return []
     out = [f"**{name}**:", ""]
@@ -993,7 +994,6 @@ def shortfalls(name: str, r: Mapping[str, Any], peers: Sequence[str]) -> list[st
 
 
 def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], total_minutes: float) -> str:
-    peers = config["peers"]
     intro = (f"Budget preset `{config['budget']}` for ours (distiller, then optimizer, through the pipeline stages); "
              f"DSPy {config['dspy_version']}, JSONAdapter; seed {config['seed']}. A peer failing on an adapter parse "
              "error is retried once with the next seed, then with ChatAdapter (every attempt is listed under its "
@@ -1015,6 +1015,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
     for name, r in rows.items():
         sp = r["split"]
         measured = f"; commit {r['commit']}, {r['timestamp']}" if r.get("commit") else ""
+        measured += "".join(f"; {kind} at commit {s['commit']}, {s['timestamp']}"
+                            for kind, s in r["sides"].items() if s.get("commit"))
         lines += [f"## {name} (train {sp['train']}, dev {sp['dev']}, test {sp['test']}; {r['minutes']:.1f} min{measured})", "",
                   ("| side | test quality, template [95% CI] | DSPy program score [95% CI] | LM calls | tokens processed "
                    "(prompt + completion) | search tokens: computed / prompt + completion | minutes | prompt tokens | "
@@ -1035,8 +1037,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                 f"{_f(s.get('minutes'), '.1f')} | "
                 f"{_f(s.get('prompt_tokens'), '.0f')} | {_f(s.get('instruction_tokens'), '.0f')} | "
                 f"{_f(s.get('ttft_cold_ms'), '.0f')} | {_f(s.get('ttft_warm_ms'), '.0f')} |")
-        for kind in peers:
-            c = r["comparisons"][kind]
+        for kind, c in r["comparisons"].items():
             diff = f"{_paired(c)} (paired diff)"
             program_diff = f"{_paired(c, 'program')} (paired diff)" if c.get("program_quality_diff") is not None else ""
             lines.append(
@@ -1049,9 +1050,9 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
         ours = r["sides"]["ours"]
         kept = " (baseline kept)" if ours["kept_baseline"] else ""
         lines += ["", f"Ours: **{ours['winner']}**{kept}: {ours['reason']}", ""]
-        lines += [line for kind in peers if (line := search_line(kind, r["sides"][kind]))]
-        lines += [line for kind in peers if (line := attempts_line(kind, r["sides"][kind]))]
-        lines += [export_line(kind, r["sides"][kind]) for kind in peers if r["sides"][kind].get("export_checked")]
+        lines += [line for kind in r["comparisons"] if (line := search_line(kind, r["sides"][kind]))]
+        lines += [line for kind in r["comparisons"] if (line := attempts_line(kind, r["sides"][kind]))]
+        lines += [export_line(kind, r["sides"][kind]) for kind in r["comparisons"] if r["sides"][kind].get("export_checked")]
         lines.append("")
     lines += ["## The goal, per spec and peer", "",
               ("Quality at least the peer's exported template's and its DSPy program's (each, or inside its "
@@ -1060,8 +1061,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
               ("| spec | peer | quality (ours - peer, paired) | prompt tokens (ours/peer) | cold TTFT (ours/peer) | "
                "search tokens computed (ours/peer) | all |"), "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
-        for kind in peers:
-            c = r["comparisons"][kind]
+        for kind, c in r["comparisons"].items():
             g = c["goal"]
             better = c.get("peer_better", "template")
             lines.append(f"| {name} | {kind} | {_mark(g['quality'])} ({_paired(c, better)} against its {better}) | "
@@ -1070,7 +1070,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                          f"{_mark(g.get('computed_tokens'))} ({_f(c.get('computed_tokens_ours_over_peer'), '.2f')}x) | "
                          f"{'peer failed' if r['sides'][kind].get('error') else _mark(g['met'])} |")
     lines += ["", "## Where we fall short, and why", ""]
-    lines += [line for name, r in rows.items() for line in shortfalls(name, r, peers)] or ["Nowhere.", ""]
+    lines += [line for name, r in rows.items() for line in shortfalls(name, r)] or ["Nowhere.", ""]
     lines += ["", "## Where our tokens go (requests that reached the engine, by phase)", "",
               "| spec | phase | LM calls | prompt tokens | of them prefix-cached | completion tokens | share of tokens |",
               "|---|---|---|---|---|---|---|"]
@@ -1086,7 +1086,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                      f"{ours['stage_tokens']['optimize']} |")
     lines += ["", "## The peers' instructions, as they wrote them", ""]
     for name, r in rows.items():
-        for kind in peers:
+        for kind in r["comparisons"]:
             s = r["sides"][kind]
             extra = f", {s['examples']} demos" if s.get("examples") else ""
             if s.get("error"):
@@ -1100,18 +1100,48 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
     return "\n".join(lines)
 
 
-MERGE_KEYS = ("budget", "train", "dev", "test", "peers", "gepa_metric_calls", "num_threads", "max_bootstrapped_demos",
+MERGE_KEYS = ("budget", "train", "dev", "test", "gepa_metric_calls", "num_threads", "max_bootstrapped_demos",
               "max_labeled_demos", "proposer_max_tokens", "timing_records", "seed", "mipro_auto", "gepa_auto",
               "dspy_version", "adapter")
 """What must agree for two runs' specs to share one table (the TTFT model may differ: it is
-refitted as the engine's profile grows, and each spec records its own)."""
+refitted as the engine's profile grows, and each spec records its own; the peers may differ:
+a spec's peers can be measured in separate runs)."""
+
+SAME_OURS = ("winner", "content", "test_mean", "test_n")
+"""What two runs' ours sides must share for their peers to join one spec's table: the same
+published template with the same test score (ours' decisions repeat exactly for a seed), so each
+run's paired comparison is with the same ours."""
+
+
+def join_spec(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """One spec's row from two runs: the later run's sides, plus the earlier's peers it did not measure.
+
+    The earlier peers are kept only when both runs' ours sides agree (``SAME_OURS``, and the
+    split); each kept peer side records the commit and time it was measured at, and the spec's
+    minutes add up both runs. Returns the row and the earlier peers dropped because ours differs.
+    """
+    only_earlier = [k for k in earlier["comparisons"] if k not in later["comparisons"]]
+    if not only_earlier:
+        return dict(later), []
+    ours_a, ours_b = earlier["sides"]["ours"], later["sides"]["ours"]
+    if earlier["split"] != later["split"] or any(ours_a.get(k) != ours_b.get(k) for k in SAME_OURS):
+        return dict(later), only_earlier
+    kept = {k: {"commit": earlier["commit"], "timestamp": earlier["timestamp"], **earlier["sides"][k]}
+            for k in only_earlier}
+    order = [k for k in PEERS if k in kept or k in later["comparisons"]]
+    comparisons = {**earlier["comparisons"], **later["comparisons"]}
+    sides = {**earlier["sides"], **later["sides"], **kept}
+    return {**later, "minutes": round(earlier["minutes"] + later["minutes"], 3),
+            "sides": {"ours": later["sides"]["ours"], **{k: sides[k] for k in order}},
+            "comparisons": {k: comparisons[k] for k in order}}, []
 
 
 def merge_reports(paths: list[Path]) -> dict[str, Any]:
     """One report from the JSON reports of separate runs (each measured at its own commit).
 
     Every spec keeps the commit, time and TTFT model it was measured with; a later report's
-    spec replaces an earlier one's.
+    spec replaces an earlier one's, but keeps the earlier's peers it did not measure when ours
+    agrees (``join_spec``: one spec's peers measured in separate runs).
 
     Raises:
         SystemExit: a report is unreadable, or the runs differ in engine or settings
@@ -1141,9 +1171,16 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
             # The goal is a function of the sides: recomputed, so every spec meets today's rule.
             for kind, c in row["comparisons"].items():
                 c["goal"] = goal(row["sides"]["ours"], row["sides"][kind])
-            rows[name] = {**row, "commit": report["commit"], "timestamp": report["timestamp"],
-                          "ttft_model": report["config"].get("ttft_model")}
-    config = {**first["config"], "ttft_model": {name: r["ttft_model"] for name, r in rows.items()}}
+            row = {**row, "commit": report["commit"], "timestamp": report["timestamp"],
+                   "ttft_model": report["config"].get("ttft_model")}
+            if name in rows:
+                row, dropped = join_spec(rows[name], row)
+                if dropped:
+                    print(f"{path}: {name}: ours differs from commit {rows[name]['commit']}'s run, so its "
+                          f"{', '.join(dropped)} rows are dropped", flush=True)
+            rows[name] = row
+    peers = [k for k in PEERS if any(k in r["comparisons"] for r in rows.values())]
+    config = {**first["config"], "peers": peers, "ttft_model": {name: r["ttft_model"] for name, r in rows.items()}}
     total = sum(r["minutes"] for r in rows.values())
     return {"benchmark": "peers", "merged_from": [str(p) for p, _ in reports],
             "commits": sorted({r["commit"] for r in rows.values()}), "machine": first["machine"],

@@ -309,6 +309,37 @@ def test_peers_reports_of_other_settings_do_not_merge(tmp_path):
     assert merge_reports([a, a])["specs"]["s"]["commit"] == "abc1234"
 
 
+def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys):
+    """One spec's peers measured in separate runs (a long peer per session) share one table."""
+    from bench.bench_peers import markdown, merge_reports
+
+    measured = json.loads((ROOT / "docs" / "bench" / "peers.json").read_text())
+    name, row = next((n, r) for n, r in measured["specs"].items() if {"mipro", "gepa"} <= set(r["comparisons"]))
+
+    def run(path: Path, kind: str, commit: str, **ours: Any) -> Path:
+        one = {**row, "sides": {"ours": {**row["sides"]["ours"], **ours}, kind: row["sides"][kind]},
+               "comparisons": {kind: row["comparisons"][kind]}, "minutes": 10.0}
+        body = {**{k: measured[k] for k in ("machine", "identity")}, "commit": commit, "timestamp": f"t-{commit}",
+                "config": {**measured["config"], "peers": [kind]}, "specs": {name: one}}
+        path.write_text(json.dumps(body))
+        return path
+
+    a, b = run(tmp_path / "a.json", "mipro", "aaa1111"), run(tmp_path / "b.json", "gepa", "bbb2222")
+    joined = merge_reports([a, b])
+    r = joined["specs"][name]
+    assert list(r["sides"]) == ["ours", "mipro", "gepa"] and list(r["comparisons"]) == ["mipro", "gepa"]
+    assert joined["config"]["peers"] == ["mipro", "gepa"] and r["minutes"] == 20.0
+    assert r["commit"] == "bbb2222" and r["sides"]["mipro"]["commit"] == "aaa1111" and "commit" not in r["sides"]["gepa"]
+    text = markdown(joined["specs"], joined["config"], joined["total_minutes"])
+    assert f"| {name} | mipro |" in text and f"| {name} | gepa |" in text and "mipro at commit aaa1111" in text
+
+    # Another ours (another template, or another score) would pair the peers with different sides: not joined.
+    c = run(tmp_path / "c.json", "gepa", "ccc3333", test_mean=row["sides"]["ours"]["test_mean"] + 0.01)
+    apart = merge_reports([a, c])
+    assert list(apart["specs"][name]["comparisons"]) == ["gepa"] and apart["config"]["peers"] == ["gepa"]
+    assert f"c.json: {name}: ours differs from commit aaa1111's run, so its mipro rows are dropped" in capsys.readouterr().out
+
+
 def test_make_bench_shows_progress_and_logs_the_rest(tmp_path, capsys):
     from bench.run_all import run
 
