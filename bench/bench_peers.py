@@ -1139,9 +1139,10 @@ def join_spec(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> tuple[dic
 def merge_reports(paths: list[Path]) -> dict[str, Any]:
     """One report from the JSON reports of separate runs (each measured at its own commit).
 
-    Every spec keeps the commit, time and TTFT model it was measured with; a later report's
-    spec replaces an earlier one's, but keeps the earlier's peers it did not measure when ours
-    agrees (``join_spec``: one spec's peers measured in separate runs).
+    A report is a run's or an earlier merge's. Every spec keeps the commit, time and TTFT model
+    it was measured with; a later report's spec replaces an earlier one's, but keeps the
+    earlier's peers it did not measure when ours agrees (``join_spec``: one spec's peers
+    measured in separate runs).
 
     Raises:
         SystemExit: a report is unreadable, or the runs differ in engine or settings
@@ -1153,8 +1154,10 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
             report = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise SystemExit(f"{path}: not a bench_peers report ({type(e).__name__}: {e})") from None
-        missing = [k for k in ("specs", "config", "identity", "commit", "timestamp")
-                   if not isinstance(report, dict) or k not in report]
+        missing = [k for k in ("specs", "config", "identity") if not isinstance(report, dict) or k not in report]
+        # A run's report is stamped as a whole; a merged one, spec by spec.
+        missing += [f"{name}.commit" for name, row in report.get("specs", {}).items()
+                    if not (report.get("commit") or row.get("commit"))] if not missing else []
         if missing:
             raise SystemExit(f"{path}: not a bench_peers report (no {', '.join(missing)})")
         reports.append((Path(path), report))
@@ -1171,8 +1174,10 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
             # The goal is a function of the sides: recomputed, so every spec meets today's rule.
             for kind, c in row["comparisons"].items():
                 c["goal"] = goal(row["sides"]["ours"], row["sides"][kind])
-            row = {**row, "commit": report["commit"], "timestamp": report["timestamp"],
-                   "ttft_model": report["config"].get("ttft_model")}
+            ttft_model = report["config"].get("ttft_model")
+            row = {**row, "commit": report.get("commit") or row["commit"],
+                   "timestamp": report.get("timestamp") or row.get("timestamp"),
+                   "ttft_model": ttft_model.get(name) if isinstance(ttft_model, dict) else ttft_model}
             if name in rows:
                 row, dropped = join_spec(rows[name], row)
                 if dropped:

@@ -332,6 +332,14 @@ def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys
     assert r["commit"] == "bbb2222" and r["sides"]["mipro"]["commit"] == "aaa1111" and "commit" not in r["sides"]["gepa"]
     text = markdown(joined["specs"], joined["config"], joined["total_minutes"])
     assert f"| {name} | mipro |" in text and f"| {name} | gepa |" in text and "mipro at commit aaa1111" in text
+    # A merged report merges again (the checked-in one, with a new run): each spec keeps its stamps.
+    (tmp_path / "joined.json").write_text(json.dumps(joined))
+    again = merge_reports([tmp_path / "joined.json"])
+    assert again["specs"] == joined["specs"] and again["config"] == joined["config"]
+    del joined["specs"][name]["commit"]
+    (tmp_path / "joined.json").write_text(json.dumps(joined))
+    with pytest.raises(SystemExit, match=rf"joined.json: not a bench_peers report \(no {name}.commit\)"):
+        merge_reports([tmp_path / "joined.json"])
 
     # Another ours (another template, or another score) would pair the peers with different sides: not joined.
     c = run(tmp_path / "c.json", "gepa", "ccc3333", test_mean=row["sides"]["ours"]["test_mean"] + 0.01)
