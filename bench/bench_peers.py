@@ -1112,13 +1112,17 @@ SAME_OURS = ("winner", "content", "test_mean", "test_n")
 published template with the same test score (ours' decisions repeat exactly for a seed), so each
 run's paired comparison is with the same ours."""
 
+OURS_PER_RUN = ("ttft_cold_ms", "ttft_warm_ms", "computed_tokens", "search_tokens", "minutes")
+"""Ours' figures that vary from run to run (timings, prefix-cache hits): a peer joined from
+another run keeps them as measured beside it, and its goal is judged on them."""
+
 
 def join_spec(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """One spec's row from two runs: the later run's sides, plus the earlier's peers it did not measure.
 
     The earlier peers are kept only when both runs' ours sides agree (``SAME_OURS``, and the
-    split); each kept peer side records the commit and time it was measured at, and the spec's
-    minutes add up both runs. Returns the row and the earlier peers dropped because ours differs.
+    split); each kept peer side records the commit and time it was measured at and ours'
+    figures of that run (``OURS_PER_RUN``), and the spec's minutes add up both runs. Returns the row and the earlier peers dropped because ours differs.
     """
     only_earlier = [k for k in earlier["comparisons"] if k not in later["comparisons"]]
     if not only_earlier:
@@ -1126,8 +1130,9 @@ def join_spec(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> tuple[dic
     ours_a, ours_b = earlier["sides"]["ours"], later["sides"]["ours"]
     if earlier["split"] != later["split"] or any(ours_a.get(k) != ours_b.get(k) for k in SAME_OURS):
         return dict(later), only_earlier
-    kept = {k: {"commit": earlier["commit"], "timestamp": earlier["timestamp"], **earlier["sides"][k]}
-            for k in only_earlier}
+    ours_then = {k: ours_a.get(k) for k in OURS_PER_RUN}
+    kept = {k: {"commit": earlier["commit"], "timestamp": earlier["timestamp"], "ours_in_run": ours_then,
+                **earlier["sides"][k]} for k in only_earlier}
     order = [k for k in PEERS if k in kept or k in later["comparisons"]]
     comparisons = {**earlier["comparisons"], **later["comparisons"]}
     sides = {**earlier["sides"], **later["sides"], **kept}
@@ -1173,7 +1178,8 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
         for name, row in report["specs"].items():
             # The goal is a function of the sides: recomputed, so every spec meets today's rule.
             for kind, c in row["comparisons"].items():
-                c["goal"] = goal(row["sides"]["ours"], row["sides"][kind])
+                peer = row["sides"][kind]
+                c["goal"] = goal({**row["sides"]["ours"], **peer.get("ours_in_run", {})}, peer)
             ttft_model = report["config"].get("ttft_model")
             row = {**row, "commit": report.get("commit") or row["commit"],
                    "timestamp": report.get("timestamp") or row.get("timestamp"),
