@@ -952,16 +952,20 @@ def search_line(kind: str, s: Mapping[str, Any]) -> str | None:
     return line
 
 
+def ours_beside(r: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """Ours as measured in the run of peer ``kind`` (a peer joined from another run keeps that run's timings)."""
+    return {**r["sides"]["ours"], **(r["sides"][kind].get("ours_in_run") or {})}
+
+
 def shortfalls(name: str, r: Mapping[str, Any]) -> list[str]:
     """Per spec: each missed part of the goal in numbers; for tokens, the phases that spend them and the levers."""
-    ours = r["sides"]["ours"]
     missed = {k: [part for part in ("quality", "prompt_tokens", "ttft_cold", "computed_tokens")
                   if c["goal"][part] is False] for k, c in r["comparisons"].items()}
     if not any(missed.values()):
         return []
     out = [f"**{name}**:", ""]
     for kind, parts in missed.items():
-        peer, c = r["sides"][kind], r["comparisons"][kind]
+        peer, c, ours = r["sides"][kind], r["comparisons"][kind], ours_beside(r, kind)
         for part in parts:
             if part == "quality":
                 better = c.get("peer_better", "template")
@@ -979,6 +983,7 @@ def shortfalls(name: str, r: Mapping[str, Any]) -> list[str]:
     if short:
         cheapest = min(short, key=lambda k: r["sides"][k]["computed_tokens"])
         allowed = GOAL_TOKENS_SHARE * r["sides"][cheapest]["computed_tokens"]
+        ours = ours_beside(r, cheapest)
         cut = 1 - allowed / ours["computed_tokens"]
         out.append(f"- search tokens computed against {', '.join(short)}: ours {ours['computed_tokens']} (of "
                    f"{ours['search_tokens']} prompt + completion); a third of {cheapest}'s is {allowed:.0f}, so "
@@ -1022,7 +1027,8 @@ def markdown(rows: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any], t
                    "(prompt + completion) | search tokens: computed / prompt + completion | minutes | prompt tokens | "
                    "instruction tokens | TTFT cold ms | TTFT warm ms |"),
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for side, s in r["sides"].items():
+        beside = {f"ours, in {kind}'s run": ours_beside(r, kind) for kind, s in r["sides"].items() if s.get("ours_in_run")}
+        for side, s in {**r["sides"], **beside}.items():
             split_tokens = (f"{s['prompt_tokens_processed']} + {s['completion_tokens_processed']}"
                             if s.get("prompt_tokens_processed") is not None else "")
             engine_note = (f"; {s['engine_tokens_processed']} reached the engine"
@@ -1117,28 +1123,39 @@ OURS_PER_RUN = ("ttft_cold_ms", "ttft_warm_ms", "computed_tokens", "search_token
 another run keeps them as measured beside it, and its goal is judged on them."""
 
 
-def join_spec(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def run_of(row: Mapping[str, Any], side: Mapping[str, Any]) -> str:
+    """The run a side was measured in: its own stamp when joined from another run, else its row's."""
+    return f"{side.get('commit', row['commit'])} {side.get('timestamp', row['timestamp'])}"
+
+
+def join_spec(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """One spec's row from two runs: the later run's sides, plus the earlier's peers it did not measure.
 
     The earlier peers are kept only when both runs' ours sides agree (``SAME_OURS``, and the
-    split); each kept peer side records the commit and time it was measured at and ours'
-    figures of that run (``OURS_PER_RUN``), and the spec's minutes add up both runs. Returns the row and the earlier peers dropped because ours differs.
+    split). Each kept peer side records the run it was measured in (commit, time, TTFT model)
+    and ours' figures of that run (``OURS_PER_RUN``); the spec's minutes add up the runs its
+    sides come from, each once. Returns the row, and the earlier peers dropped because ours
+    differs, each with the commit it was measured at.
     """
     only_earlier = [k for k in earlier["comparisons"] if k not in later["comparisons"]]
     if not only_earlier:
-        return dict(later), []
+        return dict(later), {}
     ours_a, ours_b = earlier["sides"]["ours"], later["sides"]["ours"]
     if earlier["split"] != later["split"] or any(ours_a.get(k) != ours_b.get(k) for k in SAME_OURS):
-        return dict(later), only_earlier
+        return dict(later), {k: earlier["sides"][k].get("commit", earlier["commit"]) for k in only_earlier}
     ours_then = {k: ours_a.get(k) for k in OURS_PER_RUN}
-    kept = {k: {"commit": earlier["commit"], "timestamp": earlier["timestamp"], "ours_in_run": ours_then,
-                **earlier["sides"][k]} for k in only_earlier}
-    order = [k for k in PEERS if k in kept or k in later["comparisons"]]
+    kept = {k: {"commit": earlier["commit"], "timestamp": earlier["timestamp"], "ttft_model": earlier.get("ttft_model"),
+                "ours_in_run": ours_then, **earlier["sides"][k]} for k in only_earlier}
+    kinds = [*kept, *later["comparisons"]]
+    order = [k for k in PEERS if k in kinds] + [k for k in kinds if k not in PEERS]
     comparisons = {**earlier["comparisons"], **later["comparisons"]}
-    sides = {**earlier["sides"], **later["sides"], **kept}
-    return {**later, "minutes": round(earlier["minutes"] + later["minutes"], 3),
-            "sides": {"ours": later["sides"]["ours"], **{k: sides[k] for k in order}},
-            "comparisons": {k: comparisons[k] for k in order}}, []
+    sides = {"ours": later["sides"]["ours"], **{k: {**earlier["sides"], **later["sides"], **kept}[k] for k in order}}
+    run_minutes = {**earlier.get("run_minutes", {run_of(earlier, {}): earlier["minutes"]}),
+                   **later.get("run_minutes", {run_of(later, {}): later["minutes"]})}
+    used = {run_of(later, side) for side in sides.values()}
+    run_minutes = {run: m for run, m in run_minutes.items() if run in used}
+    return {**later, "minutes": round(sum(run_minutes.values()), 3), "run_minutes": run_minutes, "sides": sides,
+            "comparisons": {k: comparisons[k] for k in order}}, {}
 
 
 def merge_reports(paths: list[Path]) -> dict[str, Any]:
@@ -1178,8 +1195,7 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
         for name, row in report["specs"].items():
             # The goal is a function of the sides: recomputed, so every spec meets today's rule.
             for kind, c in row["comparisons"].items():
-                peer = row["sides"][kind]
-                c["goal"] = goal({**row["sides"]["ours"], **peer.get("ours_in_run", {})}, peer)
+                c["goal"] = goal(ours_beside(row, kind), row["sides"][kind])
             ttft_model = report["config"].get("ttft_model")
             row = {**row, "commit": report.get("commit") or row["commit"],
                    "timestamp": report.get("timestamp") or row.get("timestamp"),
@@ -1187,10 +1203,11 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
             if name in rows:
                 row, dropped = join_spec(rows[name], row)
                 if dropped:
-                    print(f"{path}: {name}: ours differs from commit {rows[name]['commit']}'s run, so its "
-                          f"{', '.join(dropped)} rows are dropped", flush=True)
+                    runs = ", ".join(f"{kind} (commit {c})" for kind, c in dropped.items())
+                    print(f"{path}: {name}: ours differs from the run of {runs}, so those rows are dropped", flush=True)
             rows[name] = row
-    peers = [k for k in PEERS if any(k in r["comparisons"] for r in rows.values())]
+    kinds = [k for r in rows.values() for k in r["comparisons"]]
+    peers = [k for k in PEERS if k in kinds] + list(dict.fromkeys(k for k in kinds if k not in PEERS))
     config = {**first["config"], "peers": peers, "ttft_model": {name: r["ttft_model"] for name, r in rows.items()}}
     total = sum(r["minutes"] for r in rows.values())
     return {"benchmark": "peers", "merged_from": [str(p) for p, _ in reports],

@@ -324,6 +324,7 @@ def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys
         path.write_text(json.dumps(body))
         return path
 
+    assert row["sides"]["ours"]["ttft_cold_ms"] < row["sides"]["mipro"]["ttft_cold_ms"]  # what the goal check below needs
     a = run(tmp_path / "a.json", "mipro", "aaa1111")
     # The later run timed ours slower than mipro (a noisy machine): mipro's goal stays judged within its own run.
     b = run(tmp_path / "b.json", "gepa", "bbb2222", ttft_cold_ms=row["sides"]["mipro"]["ttft_cold_ms"] + 1)
@@ -337,6 +338,9 @@ def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys
     assert r["commit"] == "bbb2222" and r["sides"]["mipro"]["commit"] == "aaa1111" and "commit" not in r["sides"]["gepa"]
     text = markdown(joined["specs"], joined["config"], joined["total_minutes"])
     assert f"| {name} | mipro |" in text and f"| {name} | gepa |" in text and "mipro at commit aaa1111" in text
+    assert "| ours, in mipro's run |" in text
+    # Each run's minutes count once, however often a report is merged in.
+    assert merge_reports([a, b, b])["specs"][name]["minutes"] == 20.0
     # A merged report merges again (the checked-in one, with a new run): each spec keeps its stamps.
     (tmp_path / "joined.json").write_text(json.dumps(joined))
     again = merge_reports([tmp_path / "joined.json"])
@@ -351,7 +355,7 @@ def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys
     c = run(tmp_path / "c.json", "gepa", "ccc3333", test_mean=row["sides"]["ours"]["test_mean"] + 0.01)
     apart = merge_reports([a, c])
     assert list(apart["specs"][name]["comparisons"]) == ["gepa"] and apart["config"]["peers"] == ["gepa"]
-    assert f"c.json: {name}: ours differs from commit aaa1111's run, so its mipro rows are dropped" in capsys.readouterr().out
+    assert f"c.json: {name}: ours differs from the run of mipro (commit aaa1111), so those rows are dropped" in capsys.readouterr().out
 
 
 def test_make_bench_shows_progress_and_logs_the_rest(tmp_path, capsys):
