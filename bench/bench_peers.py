@@ -73,7 +73,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from bench.common import REPORT_DIR, commit, progress, setup, write_report
 
@@ -1123,6 +1123,12 @@ OURS_PER_RUN = ("ttft_cold_ms", "ttft_warm_ms", "computed_tokens", "search_token
 another run keeps them as measured beside it, and its goal is judged on them."""
 
 
+def peer_order(kinds: Iterable[str]) -> list[str]:
+    """Peers in ``PEERS``' order, then any other kind (an older report's) in the order met, each once."""
+    kinds = list(dict.fromkeys(kinds))
+    return [k for k in PEERS if k in kinds] + [k for k in kinds if k not in PEERS]
+
+
 def run_of(row: Mapping[str, Any], side: Mapping[str, Any]) -> str:
     """The run a side was measured in: its own stamp when joined from another run, else its row's."""
     return f"{side.get('commit', row['commit'])} {side.get('timestamp', row['timestamp'])}"
@@ -1146,8 +1152,7 @@ def join_spec(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> tuple[dic
     ours_then = {k: ours_a.get(k) for k in OURS_PER_RUN}
     kept = {k: {"commit": earlier["commit"], "timestamp": earlier["timestamp"], "ttft_model": earlier.get("ttft_model"),
                 "ours_in_run": ours_then, **earlier["sides"][k]} for k in only_earlier}
-    kinds = [*kept, *later["comparisons"]]
-    order = [k for k in PEERS if k in kinds] + [k for k in kinds if k not in PEERS]
+    order = peer_order([*kept, *later["comparisons"]])
     comparisons = {**earlier["comparisons"], **later["comparisons"]}
     sides = {"ours": later["sides"]["ours"], **{k: {**earlier["sides"], **later["sides"], **kept}[k] for k in order}}
     run_minutes = {**earlier.get("run_minutes", {run_of(earlier, {}): earlier["minutes"]}),
@@ -1206,8 +1211,7 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
                     runs = ", ".join(f"{kind} (commit {c})" for kind, c in dropped.items())
                     print(f"{path}: {name}: ours differs from the run of {runs}, so those rows are dropped", flush=True)
             rows[name] = row
-    kinds = [k for r in rows.values() for k in r["comparisons"]]
-    peers = [k for k in PEERS if k in kinds] + list(dict.fromkeys(k for k in kinds if k not in PEERS))
+    peers = peer_order(k for r in rows.values() for k in r["comparisons"])
     config = {**first["config"], "peers": peers, "ttft_model": {name: r["ttft_model"] for name, r in rows.items()}}
     total = sum(r["minutes"] for r in rows.values())
     return {"benchmark": "peers", "merged_from": [str(p) for p, _ in reports],
