@@ -493,12 +493,32 @@ def spec_score(spec: Any, example: Any, pred: Any) -> tuple[float, str, Any]:
     return float(score or 0.0), reply, expected
 
 
-def make_metric(spec: Any) -> Callable[..., Any]:
-    """The spec's metric for MIPROv2 and for scoring programs (bootstrapping keeps fully correct traces)."""
+class BootstrapTally:
+    """How many traces MIPROv2's bootstrapping tried and kept (the metric is called with a trace only there)."""
+
+    def __init__(self) -> None:
+        self.tried = 0
+        self.kept = 0
+
+
+def make_metric(spec: Any, bar: float | None = None, tally: BootstrapTally | None = None) -> Callable[..., Any]:
+    """The spec's metric for MIPROv2 and for scoring programs.
+
+    Called with a trace (bootstrapping), it passes a fully correct reply (score 1.0, DSPy's
+    convention) or, with ``bar``, returns the score for MIPROv2's ``metric_threshold=bar`` to
+    compare: what a DSPy user does with a continuous metric that a small model never scores
+    1.0 on (summarize kept 0 of 400 traces at 1.0). ``tally`` counts the traces tried and kept.
+    """
 
     def metric(example: Any, pred: Any, trace: Any = None, *_: Any) -> float | bool:
         score = spec_score(spec, example, pred)[0]
-        return score >= 1.0 if trace is not None else score
+        if trace is None:
+            return score
+        passed = score >= (1.0 if bar is None else bar)
+        if tally is not None:
+            tally.tried += 1
+            tally.kept += passed
+        return passed if bar is None else score
 
     return metric
 
@@ -674,13 +694,16 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     trainset = [to_example(spec, r) for r in split["train"]]
     valset = [to_example(spec, r) for r in split["dev"]]
     out: dict[str, Any] = {"kind": kind}
+    tally = BootstrapTally()
 
     def compile_once(adapter: Any, seed: int | None) -> Any:
         dspy.configure(lm=task_lm, adapter=adapter)  # global: every DSPy thread uses it
         if kind == "mipro":
             from dspy.teleprompt import MIPROv2
 
-            optimizer = MIPROv2(metric=make_metric(spec), prompt_model=prompt_lm, task_model=task_lm, auto="light",
+            bar = args.mipro_metric_threshold
+            optimizer = MIPROv2(metric=make_metric(spec, bar, tally), prompt_model=prompt_lm, task_model=task_lm,
+                                auto="light", metric_threshold=bar,
                                 max_bootstrapped_demos=args.max_bootstrapped_demos,
                                 max_labeled_demos=args.max_labeled_demos, num_threads=args.num_threads,
                                 max_errors=10**6, seed=seed, verbose=False)
@@ -700,6 +723,9 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     started = time.monotonic()
     program, record = run_with_retries(compile_once, adapters, args.seed + 9 if kind == "mipro" else args.seed)
     out.update(record)
+    if kind == "mipro":  # every attempt's bootstrapping, like the cost
+        out.update(metric_threshold=args.mipro_metric_threshold, bootstrap_traces_tried=tally.tried,
+                   bootstrap_traces_kept=tally.kept)
     adapter = next((a for a in adapters if type(a).__name__ == record["adapter"]), adapters[0])
     out.update(minutes=round((time.monotonic() - started) / 60.0, 3), lm_calls=counter.calls,
                rejected_too_long=counter.rejected, prompt_tokens_processed=bridge.prompt_tokens,
@@ -940,7 +966,13 @@ def side_label(side: str, s: Mapping[str, Any]) -> str:
 
 
 def search_line(kind: str, s: Mapping[str, Any]) -> str | None:
-    """One line on what a peer's search did (GEPA: candidates accepted, metric calls, validation scores)."""
+    """One line on what a peer's search did (GEPA: candidates accepted, metric calls, validation scores;
+    MIPROv2: the traces its bootstrapping kept, and at what bar)."""
+    if "bootstrap_traces_tried" in s:
+        bar = s.get("metric_threshold")
+        bar = "1.0 (DSPy's convention)" if bar is None else f"{bar} (metric_threshold)"
+        return (f"- {kind}: bootstrapping kept {s['bootstrap_traces_kept']} of {s['bootstrap_traces_tried']} traces "
+                f"tried (a trace is kept at a score of at least {bar})")
     if s.get("error") or "candidates" not in s:
         return None
     line = (f"- {kind}: {s['candidates'] - 1} new candidate(s) accepted in {s['total_metric_calls']} metric calls "
@@ -1234,6 +1266,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--num-threads", type=int, default=16, help="DSPy's threads (their calls are batched)")
     p.add_argument("--max-bootstrapped-demos", type=int, default=4, help="MIPROv2's (DSPy's default 4)")
     p.add_argument("--max-labeled-demos", type=int, default=4, help="MIPROv2's (DSPy's default 4)")
+    p.add_argument("--mipro-metric-threshold", type=float, default=None, metavar="BAR",
+                   help="MIPROv2's metric_threshold: bootstrapping keeps a trace scoring at least BAR "
+                        "(default: only a score of 1.0, DSPy's convention)")
     p.add_argument("--proposer-max-tokens", type=int, default=512,
                    help="max_tokens of MIPROv2's proposer and GEPA's reflection calls")
     p.add_argument("--timing-records", type=int, default=3, help="test records timed cold and warm per template")
@@ -1254,6 +1289,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"unknown peers {unknown}; known: {', '.join(PEERS)}")
     if args.train < 1 or args.dev < 2 or args.test < 2:
         p.error("--train must be at least 1, --dev and --test at least 2")
+    if args.mipro_metric_threshold is not None and not 0 < args.mipro_metric_threshold <= 1:
+        p.error(f"--mipro-metric-threshold must be in (0, 1], not {args.mipro_metric_threshold}")
     supported, why = gepa_objectives_supported()
     if "gepa_ttft" in args.peers and not supported:
         progress(f"gepa_ttft skipped: {why}")

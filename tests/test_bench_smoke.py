@@ -236,6 +236,7 @@ PEERS_RATIOS = ("lm_calls_ours_over_peer", "tokens_processed_ours_over_peer", "c
 def test_bench_peers(tmp_path, ttft_registry):
     run_bench("bench.bench_peers", "ticket_triage", "--budget", "smoke", "--train", "4", "--dev", "4", "--test", "4",
               "--num-threads", "4", "--max-bootstrapped-demos", "1", "--max-labeled-demos", "1",
+              "--mipro-metric-threshold", "0.5",
               "--proposer-max-tokens", "96", "--gepa-metric-calls", "16", "--timing-records", "1",
               tmp_path=tmp_path, registry=ttft_registry)
     report = read_report(tmp_path, "peers")
@@ -274,7 +275,11 @@ def test_bench_peers(tmp_path, ttft_registry):
         assert c["peer_better"] in ("template", "program") and "program_scores" not in s
         assert isinstance(c["goal"]["met"], bool)
         assert all(v is None or isinstance(v, bool) for v in c["goal"].values())
+    mipro = r["sides"]["mipro"]
+    assert mipro["metric_threshold"] == 0.5 and 0 <= mipro["bootstrap_traces_kept"] <= mipro["bootstrap_traces_tried"]
+    assert mipro["bootstrap_traces_tried"] >= 1
     assert "| ticket_triage | mipro |" in (tmp_path / "bench" / "peers.md").read_text()
+    assert "- mipro: bootstrapping kept " in (tmp_path / "bench" / "peers.md").read_text()
     assert "on 4 of 4 test records, byte for byte" in (tmp_path / "bench" / "peers.md").read_text()
     assert r["commit"] == report["commit"] and r["timestamp"]
 

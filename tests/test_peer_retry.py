@@ -126,3 +126,56 @@ def test_a_peer_that_succeeded_on_the_other_adapter_says_so():
     assert attempts_line("mipro", record).startswith("- mipro: succeeded with ChatAdapter; tried (1) JSONAdapter seed 0")
     assert side_label("gepa", run_with_retries(FakePeer(0), ADAPTERS, seed=0)[1]) == "gepa"
     assert attempts_line("gepa", {}) is None  # a report from before the retries
+
+
+def test_bootstrapping_keeps_a_trace_at_the_bar_as_metric_threshold_asks():
+    """MIPROv2 bootstraps each demo set with DSPy's own BootstrapFewShot: at DSPy's convention a
+    continuous metric's 0.64 reply is not kept (summarize's 0 of 400); with ``bar`` passed as
+    ``metric_threshold`` it is, and the bootstrapping stops at its demo count. Scripted replies
+    (DSPy's DummyLM), summarize's real records and metric."""
+    from dspy.teleprompt import BootstrapFewShot
+    from dspy.utils import DummyLM
+
+    from bench.bench_peers import BootstrapTally, make_metric, make_signature, output_fields, spec_score, to_example
+    from bundled_specs import load_spec
+    from promptdistill.specs.datasets import dataset_for, records
+
+    spec = load_spec("summarize")
+    train = [to_example(spec, r) for r in records(dataset_for(spec), "train")[:6]]
+    outs = list(output_fields(spec))
+
+    def half(ex):  # the expected output with half its key points: facts lost, form kept
+        return {**{k: ex[k] for k in outs}, "key_points": ex["key_points"][:len(ex["key_points"]) // 2]}
+
+    replies = [{"summary": "Nothing.", "key_points": [], "confidence_score": 0.1}] + [half(ex) for ex in train[1:]]
+    scores = [spec_score(spec, ex, dspy.Prediction(**r))[0] for ex, r in zip(train, replies)]
+    assert scores[0] == 0.0 and all(0.5 <= s < 1.0 for s in scores[1:])  # what the test relies on
+
+    def bootstrap(bar):
+        tally = BootstrapTally()
+        optimizer = BootstrapFewShot(metric=make_metric(spec, bar, tally), metric_threshold=bar,
+                                     max_bootstrapped_demos=2, max_labeled_demos=0, max_rounds=1)
+        with dspy.context(lm=DummyLM(list(replies)), adapter=dspy.ChatAdapter()):
+            program = optimizer.compile(dspy.Predict(make_signature(spec)), trainset=train)
+        return tally, [d for d in program.demos if d.get("augmented")]
+
+    tally, kept = bootstrap(None)
+    assert (tally.tried, tally.kept, kept) == (6, 0, [])
+    tally, kept = bootstrap(0.5)
+    assert (tally.tried, tally.kept) == (3, 2)  # the empty reply is refused; two kept, then it stops
+    assert [d["key_points"] for d in kept] == [replies[1]["key_points"], replies[2]["key_points"]]
+    metric = make_metric(spec, 0.5)
+    assert metric(train[1], dspy.Prediction(**replies[1])) == metric(train[1], dspy.Prediction(**replies[1]), trace=[])
+
+
+def test_the_bar_is_checked_and_reported(capsys):
+    from bench.bench_peers import main, search_line
+
+    with pytest.raises(SystemExit):
+        main(["summarize", "--mipro-metric-threshold", "0"])  # DSPy would read 0 as no threshold at all
+    assert "--mipro-metric-threshold must be in (0, 1], not 0.0" in capsys.readouterr().err
+    tally = {"bootstrap_traces_tried": 400, "bootstrap_traces_kept": 0}
+    assert search_line("mipro", {**tally, "metric_threshold": None}) == (
+        "- mipro: bootstrapping kept 0 of 400 traces tried (a trace is kept at a score of at least 1.0 "
+        "(DSPy's convention))")
+    assert "at least 0.5 (metric_threshold)" in search_line("mipro", {**tally, "metric_threshold": 0.5})
