@@ -63,8 +63,10 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -73,7 +75,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 from bench.common import REPORT_DIR, commit, progress, setup, write_report
 
@@ -493,12 +495,39 @@ def spec_score(spec: Any, example: Any, pred: Any) -> tuple[float, str, Any]:
     return float(score or 0.0), reply, expected
 
 
-class BootstrapTally:
-    """How many traces MIPROv2's bootstrapping tried and kept (the metric is called with a trace only there)."""
+class BootstrapTally(logging.Handler):
+    """How many traces MIPROv2's bootstrapping tried, and how many it kept.
+
+    The metric counts the traces it scores (it is called with a trace only while bootstrapping).
+    An attempt whose program raised, such as a reply the adapter cannot parse, never reaches the
+    metric: DSPy's ``BootstrapFewShot`` logs it as an error, and this handler, attached to that
+    logger by ``watching``, counts it as ``failed``. ``tried`` is both.
+    """
+
+    LOGGER = "dspy.teleprompt.bootstrap"
 
     def __init__(self) -> None:
-        self.tried = 0
+        super().__init__(logging.ERROR)
+        self.scored = 0
         self.kept = 0
+        self.failed = 0
+
+    @property
+    def tried(self) -> int:
+        return self.scored + self.failed
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.funcName == "_bootstrap_one_example":  # its one error: "Failed to run or to evaluate example"
+            self.failed += 1
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[BootstrapTally]:
+        logger = logging.getLogger(self.LOGGER)
+        logger.addHandler(self)
+        try:
+            yield self
+        finally:
+            logger.removeHandler(self)
 
 
 def make_metric(spec: Any, bar: float | None = None, tally: BootstrapTally | None = None) -> Callable[..., Any]:
@@ -507,7 +536,7 @@ def make_metric(spec: Any, bar: float | None = None, tally: BootstrapTally | Non
     Called with a trace (bootstrapping), it passes a fully correct reply (score 1.0, DSPy's
     convention) or, with ``bar``, returns the score for MIPROv2's ``metric_threshold=bar`` to
     compare: what a DSPy user does with a continuous metric that a small model never scores
-    1.0 on (summarize kept 0 of 400 traces at 1.0). ``tally`` counts the traces tried and kept.
+    1.0 on (summarize kept 0 of 400 traces at 1.0). ``tally`` counts the traces scored and kept.
     """
 
     def metric(example: Any, pred: Any, trace: Any = None, *_: Any) -> float | bool:
@@ -516,7 +545,7 @@ def make_metric(spec: Any, bar: float | None = None, tally: BootstrapTally | Non
             return score
         passed = score >= (1.0 if bar is None else bar)
         if tally is not None:
-            tally.tried += 1
+            tally.scored += 1
             tally.kept += passed
         return passed if bar is None else score
 
@@ -707,8 +736,9 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
                                 max_bootstrapped_demos=args.max_bootstrapped_demos,
                                 max_labeled_demos=args.max_labeled_demos, num_threads=args.num_threads,
                                 max_errors=10**6, seed=seed, verbose=False)
-            return optimizer.compile(dspy.Predict(make_signature(spec)), trainset=trainset, valset=valset,
-                                     minibatch_size=min(35, len(valset)))
+            with tally.watching():
+                return optimizer.compile(dspy.Predict(make_signature(spec)), trainset=trainset, valset=valset,
+                                         minibatch_size=min(35, len(valset)))
         ttft = TTFTObjective(engine, model, spec, split["dev"][:3], block_tokens) if kind == "gepa_ttft" else None
         budget = {"auto": "light"} if args.gepa_metric_calls is None else {"max_metric_calls": args.gepa_metric_calls}
         optimizer = dspy.GEPA(metric=make_gepa_metric(spec, ttft), reflection_lm=prompt_lm,
@@ -725,7 +755,7 @@ def run_peer(kind: str, engine: Engine, model: Any, spec: Any, split: Mapping[st
     out.update(record)
     if kind == "mipro":  # every attempt's bootstrapping, like the cost
         out.update(metric_threshold=args.mipro_metric_threshold, bootstrap_traces_tried=tally.tried,
-                   bootstrap_traces_kept=tally.kept)
+                   bootstrap_traces_kept=tally.kept, bootstrap_traces_failed=tally.failed)
     adapter = next((a for a in adapters if type(a).__name__ == record["adapter"]), adapters[0])
     out.update(minutes=round((time.monotonic() - started) / 60.0, 3), lm_calls=counter.calls,
                rejected_too_long=counter.rejected, prompt_tokens_processed=bridge.prompt_tokens,
@@ -971,8 +1001,10 @@ def search_line(kind: str, s: Mapping[str, Any]) -> str | None:
     if "bootstrap_traces_tried" in s:
         bar = s.get("metric_threshold")
         bar = "1.0 (DSPy's convention)" if bar is None else f"{bar} (metric_threshold)"
+        failed = s.get("bootstrap_traces_failed")
+        failed = f"{failed} raised before scoring, as on a reply the adapter cannot parse; " if failed else ""
         return (f"- {kind}: bootstrapping kept {s['bootstrap_traces_kept']} of {s['bootstrap_traces_tried']} traces "
-                f"tried (a trace is kept at a score of at least {bar})")
+                f"tried ({failed}a trace is kept at a score of at least {bar})")
     if s.get("error") or "candidates" not in s:
         return None
     line = (f"- {kind}: {s['candidates'] - 1} new candidate(s) accepted in {s['total_metric_calls']} metric calls "

@@ -278,6 +278,7 @@ def test_bench_peers(tmp_path, ttft_registry):
     mipro = r["sides"]["mipro"]
     assert mipro["metric_threshold"] == 0.5 and 0 <= mipro["bootstrap_traces_kept"] <= mipro["bootstrap_traces_tried"]
     assert mipro["bootstrap_traces_tried"] >= 1
+    assert 0 <= mipro["bootstrap_traces_failed"] <= mipro["bootstrap_traces_tried"] - mipro["bootstrap_traces_kept"]
     assert "| ticket_triage | mipro |" in (tmp_path / "bench" / "peers.md").read_text()
     assert "- mipro: bootstrapping kept " in (tmp_path / "bench" / "peers.md").read_text()
     assert "on 4 of 4 test records, byte for byte" in (tmp_path / "bench" / "peers.md").read_text()

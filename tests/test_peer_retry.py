@@ -6,6 +6,8 @@ adapters build it) on its first N attempts; no engine, no LM call.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from bench.bench_peers import RATIO_FIELDS, goal, markdown, run_with_retries
@@ -131,7 +133,8 @@ def test_a_peer_that_succeeded_on_the_other_adapter_says_so():
 def test_bootstrapping_keeps_a_trace_at_the_bar_as_metric_threshold_asks():
     """MIPROv2 bootstraps each demo set with DSPy's own BootstrapFewShot: at DSPy's convention a
     continuous metric's 0.64 reply is not kept (summarize's 0 of 400); with ``bar`` passed as
-    ``metric_threshold`` it is, and the bootstrapping stops at its demo count. Scripted replies
+    ``metric_threshold`` it is, and the bootstrapping stops at its demo count. A reply the adapter
+    cannot parse never reaches the metric, and the tally still counts it as tried. Scripted replies
     (DSPy's DummyLM), summarize's real records and metric."""
     from dspy.teleprompt import BootstrapFewShot
     from dspy.utils import DummyLM
@@ -141,31 +144,36 @@ def test_bootstrapping_keeps_a_trace_at_the_bar_as_metric_threshold_asks():
     from promptdistill.specs.datasets import dataset_for, records
 
     spec = load_spec("summarize")
-    train = [to_example(spec, r) for r in records(dataset_for(spec), "train")[:6]]
+    train = [to_example(spec, r) for r in records(dataset_for(spec), "train")[:7]]
     outs = list(output_fields(spec))
 
     def half(ex):  # the expected output with half its key points: facts lost, form kept
         return {**{k: ex[k] for k in outs}, "key_points": ex["key_points"][:len(ex["key_points"]) // 2]}
 
-    replies = [{"summary": "Nothing.", "key_points": [], "confidence_score": 0.1}] + [half(ex) for ex in train[1:]]
-    scores = [spec_score(spec, ex, dspy.Prediction(**r))[0] for ex, r in zip(train, replies)]
+    unparsed = {"summary": "Cut off before its other fields."}  # ChatAdapter refuses a reply missing fields
+    replies = [unparsed, {"summary": "Nothing.", "key_points": [], "confidence_score": 0.1}]
+    replies += [half(ex) for ex in train[2:]]
+    scores = [spec_score(spec, ex, dspy.Prediction(**r))[0] for ex, r in zip(train[1:], replies[1:])]
     assert scores[0] == 0.0 and all(0.5 <= s < 1.0 for s in scores[1:])  # what the test relies on
 
     def bootstrap(bar):
         tally = BootstrapTally()
         optimizer = BootstrapFewShot(metric=make_metric(spec, bar, tally), metric_threshold=bar,
                                      max_bootstrapped_demos=2, max_labeled_demos=0, max_rounds=1)
-        with dspy.context(lm=DummyLM(list(replies)), adapter=dspy.ChatAdapter()):
+        adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)  # one reply per attempt
+        with dspy.context(lm=DummyLM(list(replies)), adapter=adapter), tally.watching():
             program = optimizer.compile(dspy.Predict(make_signature(spec)), trainset=train)
         return tally, [d for d in program.demos if d.get("augmented")]
 
     tally, kept = bootstrap(None)
-    assert (tally.tried, tally.kept, kept) == (6, 0, [])
+    assert (tally.tried, tally.scored, tally.failed, tally.kept, kept) == (7, 6, 1, 0, [])
     tally, kept = bootstrap(0.5)
-    assert (tally.tried, tally.kept) == (3, 2)  # the empty reply is refused; two kept, then it stops
-    assert [d["key_points"] for d in kept] == [replies[1]["key_points"], replies[2]["key_points"]]
+    # the unparsed reply fails and the empty one is refused; two kept, then it stops
+    assert (tally.tried, tally.failed, tally.kept) == (4, 1, 2)
+    assert [d["key_points"] for d in kept] == [replies[2]["key_points"], replies[3]["key_points"]]
     metric = make_metric(spec, 0.5)
-    assert metric(train[1], dspy.Prediction(**replies[1])) == metric(train[1], dspy.Prediction(**replies[1]), trace=[])
+    assert metric(train[2], dspy.Prediction(**replies[2])) == metric(train[2], dspy.Prediction(**replies[2]), trace=[])
+    assert tally not in logging.getLogger(BootstrapTally.LOGGER).handlers  # detached after the compile
 
 
 def test_the_bar_is_checked_and_reported(capsys):
@@ -179,3 +187,7 @@ def test_the_bar_is_checked_and_reported(capsys):
         "- mipro: bootstrapping kept 0 of 400 traces tried (a trace is kept at a score of at least 1.0 "
         "(DSPy's convention))")
     assert "at least 0.5 (metric_threshold)" in search_line("mipro", {**tally, "metric_threshold": 0.5})
+    line = search_line("mipro", {"bootstrap_traces_tried": 27, "bootstrap_traces_kept": 10,
+                                 "bootstrap_traces_failed": 17, "metric_threshold": 0.5})
+    assert line == ("- mipro: bootstrapping kept 10 of 27 traces tried (17 raised before scoring, as on a reply "
+                    "the adapter cannot parse; a trace is kept at a score of at least 0.5 (metric_threshold))")
