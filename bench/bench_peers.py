@@ -1182,8 +1182,9 @@ SAME_OURS = ("winner", "content", "test_mean", "test_n")
 published template with the same test score (ours' decisions repeat exactly for a seed), so each
 run's paired comparison is with the same ours."""
 
-OURS_PER_RUN = ("ttft_cold_ms", "ttft_warm_ms", "computed_tokens", "search_tokens", "minutes")
-"""Ours' figures that vary from run to run (timings, prefix-cache hits): a peer joined from
+OURS_PER_RUN = ("ttft_cold_ms", "ttft_warm_ms", "computed_tokens", "search_tokens", "minutes", "lm_calls",
+                "tokens_processed", "prompt_tokens_processed", "completion_tokens_processed", "verification_tokens")
+"""Ours' figures that vary from run to run (timings, prefix-cache hits, a few completion tokens): a peer joined from
 another run keeps them as measured beside it, and its goal is judged on them."""
 
 

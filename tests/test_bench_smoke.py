@@ -333,7 +333,9 @@ def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys
     assert row["sides"]["ours"]["ttft_cold_ms"] < row["sides"]["mipro"]["ttft_cold_ms"]  # what the goal check below needs
     a = run(tmp_path / "a.json", "mipro", "aaa1111")
     # The later run timed ours slower than mipro (a noisy machine): mipro's goal stays judged within its own run.
-    b = run(tmp_path / "b.json", "gepa", "bbb2222", ttft_cold_ms=row["sides"]["mipro"]["ttft_cold_ms"] + 1)
+    # It also counted a few more completion tokens: the row of ours in mipro's run shows that run's count.
+    b = run(tmp_path / "b.json", "gepa", "bbb2222", ttft_cold_ms=row["sides"]["mipro"]["ttft_cold_ms"] + 1,
+            tokens_processed=row["sides"]["ours"]["tokens_processed"] + 3)
     joined = merge_reports([a, b])
     r = joined["specs"][name]
     assert list(r["sides"]) == ["ours", "mipro", "gepa"] and list(r["comparisons"]) == ["mipro", "gepa"]
@@ -344,7 +346,8 @@ def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys
     assert r["commit"] == "bbb2222" and r["sides"]["mipro"]["commit"] == "aaa1111" and "commit" not in r["sides"]["gepa"]
     text = markdown(joined["specs"], joined["config"], joined["total_minutes"])
     assert f"| {name} | mipro |" in text and f"| {name} | gepa |" in text and "mipro at commit aaa1111" in text
-    assert "| ours, in mipro's run |" in text
+    beside = next(line for line in text.splitlines() if line.startswith("| ours, in mipro's run |"))
+    assert f"| {row['sides']['ours']['tokens_processed']} (" in beside
     # Each run's minutes count once, however often a report is merged in.
     assert merge_reports([a, b, b])["specs"][name]["minutes"] == 20.0
     # A merged report merges again (the checked-in one, with a new run): each spec keeps its stamps.
