@@ -36,12 +36,15 @@ ALLOWED = {
     "search": {"core", "specs", "engine", "judges", "evaluate"},
     "distill": {"core", "specs", "engine", "judges", "evaluate", "search"},
     "ttft": {"core", "specs", "engine"},
-    "optimize": {"core", "specs", "engine", "judges", "evaluate", "search", "ttft"},
-    "pipeline": {"core", "specs", "engine", "judges", "evaluate", "search", "distill", "ttft", "optimize", "registry"},
-    "flows": {"core", "specs", "engine", "judges", "evaluate", "search", "distill", "ttft", "optimize", "registry",
-              "pipeline"},
-    "cli": {"core", "specs", "engine", "judges", "evaluate", "search", "distill", "ttft", "optimize", "registry",
-            "pipeline", "flows", "client"},
+    # Load measurement sends templates as services do (the client's request path).
+    "load": {"core", "specs", "engine", "search", "ttft", "registry", "client"},
+    "optimize": {"core", "specs", "engine", "judges", "evaluate", "search", "ttft", "load"},
+    "pipeline": {"core", "specs", "engine", "judges", "evaluate", "search", "distill", "ttft", "load", "optimize",
+                 "registry"},
+    "flows": {"core", "specs", "engine", "judges", "evaluate", "search", "distill", "ttft", "load", "optimize",
+              "registry", "pipeline"},
+    "cli": {"core", "specs", "engine", "judges", "evaluate", "search", "distill", "ttft", "load", "optimize",
+            "registry", "pipeline", "flows", "client"},
     "client": {"core", "specs", "registry"},
     "__init__": {"client"},  # the package root: re-exports the client's Templates
     "__main__": {"cli"},  # python -m promptdistill

@@ -25,7 +25,7 @@ __all__ = ["main"]
 
 # Modules under promptdistill/cli/ that add subcommands, in help order.
 COMMAND_MODULES = ("init", "generate", "spec", "datasets", "features", "ttft", "plan", "distill", "optimize",
-                   "templates", "nightly", "report")
+                   "load", "templates", "nightly", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,7 +41,7 @@ from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.checks import spec_errors
 from promptdistill.specs.plugins import source_hash
 
-__all__ = ["ExamplesConfig", "MetricSpec", "Slo", "Spec", "rules_block", "spec_error", "spec_from_dict"]
+__all__ = ["ExamplesConfig", "Load", "MetricSpec", "Slo", "Spec", "rules_block", "spec_error", "spec_from_dict"]
 
 RULES_HEADER = "Rules:"
 """Heading of the constraints block, in the system text and in ``instruction_text()``."""
@@ -113,13 +113,71 @@ class MetricSpec:
 
 
 @dataclass(frozen=True)
+class Load:
+    """The load a service runs a template at: an open-loop request rate or a concurrency.
+
+    Exactly one is set. A rate is how production traffic arrives (independent requests,
+    Poisson); a concurrency is a fixed number of callers that each wait for their reply.
+    """
+
+    rate_rps: float | None = None
+    """Requests per second arriving independently of replies (open loop)."""
+    concurrency: int | None = None
+    """Requests in flight at any time (closed loop)."""
+
+    def __post_init__(self) -> None:
+        if (self.rate_rps is None) == (self.concurrency is None):
+            raise ValueError("a load sets exactly one of rate_rps and concurrency")
+        if self.rate_rps is not None and not self.rate_rps > 0:
+            raise ValueError(f"load.rate_rps must be above 0, got {self.rate_rps}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"load.concurrency must be at least 1, got {self.concurrency}")
+
+    @property
+    def kind(self) -> str:
+        return "rate" if self.rate_rps is not None else "concurrency"
+
+    @property
+    def value(self) -> float:
+        return float(self.rate_rps if self.rate_rps is not None else self.concurrency)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """'4 req/s' or 'concurrency 8', as reasons and reports name the load."""
+        return f"{self.rate_rps:g} req/s" if self.rate_rps is not None else f"concurrency {self.concurrency}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rate_rps": self.rate_rps} if self.rate_rps is not None else {"concurrency": self.concurrency}
+
+
+@dataclass(frozen=True)
 class Slo:
     """The service-level objective the optimizer must respect."""
 
     ttft_ms: float | None = None
-    """Time-to-first-token target in milliseconds; None: no target."""
+    """Time-to-first-token target in milliseconds; None: no target. With a ``load`` it is
+    the target of the ``ttft_percentile``-th percentile at that load."""
     max_quality_drop: float = 0.02
     """Largest drop in the metric's mean score (absolute, in [0, 1]) an optimized prompt may have."""
+    load: Load | None = None
+    """The service's load. Set: latency decisions compare the predicted TTFT percentile at
+    this load; None: the TTFT of a request sent alone (cold, warm, expected)."""
+    ttft_percentile: float = 95.0
+    """Which TTFT percentile ``ttft_ms`` targets at ``load`` (P95 by default)."""
+
+    @property
+    def latency_name(self) -> str:
+        """What latency the decisions use: 'P95 TTFT at 4 req/s', or 'solo TTFT'."""
+        if self.load is None:
+            return "solo TTFT"
+        return f"P{self.ttft_percentile:g} TTFT at {self.load.describe()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML shape; a spec without a load keeps its earlier shape (and hash)."""
+        out: dict[str, Any] = {"ttft_ms": self.ttft_ms, "max_quality_drop": self.max_quality_drop}
+        if self.load is not None:
+            out["load"] = self.load.to_dict()
+            out["ttft_percentile"] = self.ttft_percentile
+        return out
 
 
 @dataclass(frozen=True)
@@ -204,7 +262,7 @@ class Spec:
             "template": {"system": system, "user": self.user},
             "output": output,
             "metric": self.metric.to_dict(),
-            "slo": {"ttft_ms": self.slo.ttft_ms, "max_quality_drop": self.slo.max_quality_drop},
+            "slo": self.slo.to_dict(),
         }
 
     def spec_hash(self) -> str:
@@ -258,7 +316,9 @@ def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = 
         schema_from=out.get("schema_from"),
         max_tokens=out.get("max_tokens"),
         metric=MetricSpec(**{k: v for k, v in metric.items() if v is not None}, project_dir=str(project.resolve())),
-        slo=Slo(ttft_ms=slo.get("ttft_ms"), max_quality_drop=slo.get("max_quality_drop", 0.02)),
+        slo=Slo(ttft_ms=slo.get("ttft_ms"), max_quality_drop=slo.get("max_quality_drop", 0.02),
+                load=Load(**slo["load"]) if slo.get("load") else None,
+                ttft_percentile=slo.get("ttft_percentile", 95.0)),
         source_path=src,
     )
 
