@@ -67,6 +67,7 @@ __all__ = [
     "Plan",
     "confidence_sequence",
     "discordance_upper_bound",
+    "last_bounds",
     "looks",
     "make_test",
     "plan_records",
@@ -124,6 +125,16 @@ def _final_lower_x(runs: np.ndarray, alpha: float, horizon: int | None = None) -
     return np.where(lo >= 0, _GRID[np.maximum(lo, 0)], 0.0)
 
 
+def _checked_x(diffs: Sequence[float], alpha: float) -> np.ndarray:
+    """``x = (d + 1) / 2`` in [0, 1]; ValueError for an alpha outside (0, 0.5] or a difference outside [-1, 1]."""
+    if not 0.0 < alpha <= 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5], got {alpha}")
+    d = np.asarray(diffs, dtype=np.float64)
+    if not np.all(np.isfinite(d)) or np.any(np.abs(d) > 1.0 + 1e-9):
+        raise ValueError("paired differences must be finite and in [-1, 1]")
+    return (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
+
+
 def confidence_sequence(diffs: Sequence[float], *, alpha: float,
                         horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper bounds on the mean paired difference after each record.
@@ -144,18 +155,24 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float,
     Raises:
         ValueError: alpha not in (0, 0.5], or a difference outside [-1, 1].
     """
-    if not 0.0 < alpha <= 0.5:
-        raise ValueError(f"alpha must be in (0, 0.5], got {alpha}")
-    d = np.asarray(diffs, dtype=np.float64)
-    if d.size == 0:
+    x = _checked_x(diffs, alpha)
+    if x.size == 0:
         return np.zeros(0), np.zeros(0)
-    if not np.all(np.isfinite(d)) or np.any(np.abs(d) > 1.0 + 1e-9):
-        raise ValueError("paired differences must be finite and in [-1, 1]")
-    x = (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
     lower_x = _lower_x(x, alpha, horizon)
     upper_x = 1.0 - _lower_x(1.0 - x, alpha, horizon)
     # Rounded to the grid's own precision: -0.03 must read -0.03, not -0.030000000000000027.
     return np.round(2.0 * lower_x - 1.0, 9), np.round(2.0 * upper_x - 1.0, 9)
+
+
+def last_bounds(diffs: Sequence[float], *, alpha: float, horizon: int | None = None) -> tuple[float, float]:
+    """``confidence_sequence(diffs)``'s bounds after the last record, by the plan's bisection
+    (the same sums as the grid, so the same bounds, without those after every earlier record)."""
+    x = _checked_x(diffs, alpha)
+    if x.size == 0:
+        raise ValueError("bounds after the last record need at least one record")
+    lower_x = _final_lower_x(x[None, :], alpha, horizon)[0]
+    upper_x = 1.0 - _final_lower_x(1.0 - x[None, :], alpha, horizon)[0]
+    return float(np.round(2.0 * lower_x - 1.0, 9)), float(np.round(2.0 * upper_x - 1.0, 9))
 
 
 def looks(pool: int, *, first: int = 50) -> list[int]:
@@ -239,8 +256,7 @@ class ConfidenceSequenceTest:
 
     def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
         """'non-inferior', 'inferior', 'futile' or None (go on), with the bounds after ``len(diffs)`` records."""
-        lower, upper = confidence_sequence(diffs, alpha=self.alpha, horizon=self.horizon or self.pool)
-        lo, hi = float(lower[-1]), float(upper[-1])
+        lo, hi = last_bounds(diffs, alpha=self.alpha, horizon=self.horizon or self.pool)
         verdict = "non-inferior" if lo >= -margin else "inferior" if hi <= -margin else None
         # Only a race whose bound already shows the candidate below the baseline is checked.
         if verdict is None and hi < 0.0 and self.futile(diffs, margin):
