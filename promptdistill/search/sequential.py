@@ -67,6 +67,7 @@ __all__ = [
     "Plan",
     "confidence_sequence",
     "discordance_upper_bound",
+    "group_sequential_power",
     "last_bounds",
     "looks",
     "make_test",
@@ -369,18 +370,19 @@ class Plan:
     at the pool's end; fixed before any certify record is scored, so the error rate holds."""
 
     def sentence(self) -> str:
-        """The plan in one line, for logs and summaries."""
+        """The plan in one line, for logs and summaries. The power is the race's, for a finalist
+        (one that passed the screen: :func:`~promptdistill.search.racing.screen_pass_chance`)."""
         need = f"~{self.needed} records needed" if self.needed is not None else "more records than planned for"
         verdict = "can" if self.certifiable_margin <= self.margin else "cannot"
         basis = f", {self.basis}" if self.basis else ""
         tuned = f" tuned to {self.horizon} records" if self.horizon and self.pool else ""
         return (f"{self.pool} certify records {verdict} certify a drop of at most {self.margin:g} with "
-                f"{self.power:.0%} power (certifiable margin {self.certifiable_margin:.3f} at "
+                f"{self.power:.0%} power once raced (certifiable margin {self.certifiable_margin:.3f} at "
                 f"{self.discordance:.0%} discordant pairs{basis}; {self.test}{tuned}, alpha {self.alpha:.3g} per "
                 f"candidate; {need} for {self.margin:g})")
 
 
-def _gs_power(delta: float, n: int, discordance: float, alpha: float, first_look: int) -> float:
+def group_sequential_power(delta: float, n: int, discordance: float, alpha: float, first_look: int) -> float:
     """Power of the group-sequential test on ``n`` records at a true tie (normal approximation,
     the null variance at its population value), its futility stops included."""
     planned = looks(n, first=first_look)
@@ -395,15 +397,15 @@ def _gs_power(delta: float, n: int, discordance: float, alpha: float, first_look
 def _gs_plan(pool: int, discordance: float, margin: float, alpha: float, first_look: int,
              max_records: int) -> tuple[float, int | None]:
     certifiable = 1.0
-    if pool > 0 and _gs_power(0.999, pool, discordance, alpha, first_look) >= PLAN_POWER:
-        certifiable = float(sopt.brentq(lambda m: _gs_power(m, pool, discordance, alpha, first_look) - PLAN_POWER,
+    if pool > 0 and group_sequential_power(0.999, pool, discordance, alpha, first_look) >= PLAN_POWER:
+        certifiable = float(sopt.brentq(lambda m: group_sequential_power(m, pool, discordance, alpha, first_look) - PLAN_POWER,
                                         1e-4, 0.999, xtol=1e-5))
-    if _gs_power(margin, max_records, discordance, alpha, first_look) < PLAN_POWER:
+    if group_sequential_power(margin, max_records, discordance, alpha, first_look) < PLAN_POWER:
         return certifiable, None
     lo, hi = 1, max_records  # power(lo) < 0.8 <= power(hi)
     while hi - lo > max(1, hi // 200):  # to 0.5%: plenty for a plan
         mid = (lo + hi) // 2
-        if _gs_power(margin, mid, discordance, alpha, first_look) >= PLAN_POWER:
+        if group_sequential_power(margin, mid, discordance, alpha, first_look) >= PLAN_POWER:
             hi = mid
         else:
             lo = mid
