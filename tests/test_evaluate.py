@@ -241,7 +241,7 @@ def test_real_engine_catches_a_candidate_that_drops_a_required_output_rule(engin
     catches the worse slugs, and screening does not keep the candidate as a finalist."""
     from promptdistill.engine.meter import CallMeter
     from promptdistill.search.budget import Budget
-    from promptdistill.search.racing import Candidate, RaceSettings, paired_mean, screen, screen_upper
+    from promptdistill.search.racing import Candidate, RaceSettings, screen, screen_upper
 
     spec = load_spec("format_rules")
     clauses = split_clauses(spec)
@@ -261,7 +261,6 @@ def test_real_engine_catches_a_candidate_that_drops_a_required_output_rule(engin
         raise AssertionError("both were evaluated on every record already")
 
     shown_worse = screen_upper(cand, base) < -margin
-    assert not shown_worse or paired_mean(cand_report, base_report) < 0
     finalists = screen(base, [cand], dev, no_more_evaluations, budget=Budget(CallMeter(engine), max_calls=10, max_minutes=5),
                        settings=RaceSettings(margin=margin), resolution=lambda a, b: 0.0)
     if shown_worse:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import string
 import tempfile
@@ -310,7 +311,8 @@ def test_fuzzed_template_contents(workdir, changes, sampling):
     try:
         record = reg.publish("summarize", content, labels=["production"])
     except RegistryError as e:
-        assert "summarize: content" in str(e) or "content" in str(e), str(e)
+        # Names the field (a value JSON cannot hold is named from "content" without the template's name).
+        assert re.match(r"(summarize: )?content[.:]", str(e)), str(e)
         return
     t = Templates(reg.root).get("summarize@production")
     assert t.version == record.version

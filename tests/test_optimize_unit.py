@@ -658,16 +658,21 @@ def _test_split_run(spec, records, winner_wrong):
 
 def test_the_test_split_stops_after_its_first_half_when_that_decides(triage):
     spec, _, dev = triage
-    test = dev[:100]
+    # 100 records where the prompts agree everywhere clear -0.05 (the score interval's lower
+    # end, -0.048); 50 do not (-0.091: 50 ties are 8% likely under a drop of 0.05).
+    test = dev[:200]
     engine, score = _test_split_run(spec, test, winner_wrong=set())
     (base, win), confidence, why = score(-0.05)
-    assert base.n == win.n == 50 and engine.calls == 100 and confidence == 0.975
-    assert why.startswith("decided after the first 50 of 100 records") and "lies above -0.050" in why
+    assert base.n == win.n == 100 and engine.calls == 200 and confidence == 0.975
+    assert why.startswith("decided after the first 100 of 200 records") and "lies above -0.050" in why
+    engine, score = _test_split_run(spec, test[:100], winner_wrong=set())
+    (base, win), _, why = score(-0.05)
+    assert win.n == 100 and engine.calls == 200 and "[-0.091, +0.091] not above -0.050" in why
     # Wrong on every record of the first half: no early revert, the second half is scored
     # too (where the winner answers right), so the revert rests on every record's mean.
-    engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test[:50]})
+    engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test[:100]})
     (base, win), _, why = score(-0.05)
-    assert win.n == 100 and engine.calls == 200 and "[-1.000, -1.000] not above -0.050" in why
+    assert win.n == 200 and engine.calls == 400 and "[-1.000, -0.9" in why and "not above -0.050" in why
     assert win.mean == pytest.approx(base.mean - 0.5)
 
 

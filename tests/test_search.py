@@ -4,9 +4,9 @@
   differences at exactly ``-margin``), a control showing the simulation catches a bound that
   is not anytime-valid, coverage, shrinking, no degenerate bound, input checks;
 * the group-sequential test: boundaries against published values, the null variance
-  against a brute-force restricted MLE, size at 10/20/40% discordance with enough runs to
-  tell alpha from 2 x alpha (and a control that does), power against the plan, decisions
-  that depend only on the records before each look;
+  against a brute-force restricted MLE, futility, decisions that depend only on the records
+  before each look (its size and power by simulation through ``race()``, and those of the
+  confidence sequence and the test split: ``tests/test_stat_checks.py``);
 * the race's family-wise error rate by simulation through ``race()`` itself;
 * ``looks``, ``can_beat``, ``screen``, ``race``, ``select`` on scripted scores
   (``fakes.FakeEvaluator``), ``plan_records``, ``Budget``, ``split_records``.
@@ -258,80 +258,10 @@ def test_null_variance_is_tangos_for_binary_and_the_restricted_mle_otherwise():
     assert gs.null_variance(d, -0.05) == pytest.approx(brute, rel=2e-3)
 
 
-def gs_size(rng, runs, pool, *, discordance, margin, alpha, first=50, mean=None):
-    """Share of ``runs`` races (0/1 paired scores, mean ``-margin`` unless given) that a
-    GroupSequentialTest certifies non-inferior at any planned look, and that it calls inferior."""
-    test = GroupSequentialTest(pool=pool, alpha=alpha, first_look=first)
-    diffs = discrete_diffs(rng, runs, pool, mean=-margin if mean is None else mean, discordance=discordance)
-    certified = np.zeros(runs, dtype=bool)
-    inferior = np.zeros(runs, dtype=bool)
-    futile = np.zeros(runs, dtype=bool)
-    final = test.boundary(pool)
-    for n in looks(pool, first=first):
-        c = test.boundary(n)
-        head = diffs[:, :n]
-        wins, losses = (head == 1.0).sum(axis=1), (head == -1.0).sum(axis=1)
-        var = gs.tango_variance(wins / n, losses / n, 1.0, -margin)
-        z = (head.mean(axis=1) + margin) / np.sqrt(np.maximum(var, 1e-15) / n)
-        open_ = ~(certified | inferior | futile)
-        certified |= open_ & (z >= c)
-        inferior |= open_ & (z <= -c)
-        t = n / pool
-        if gs.FUTILITY_FROM <= t < 1.0:  # the test's own futility stop, as GroupSequentialTest.verdict
-            futile |= open_ & (z > -c) & (z < c) & (gs.conditional_power(z, t, final) < gs.FUTILITY_CP)
-    return float(certified.mean()), float(inferior.mean())
-
-
-@pytest.mark.parametrize("discordance", [0.1, 0.2, 0.4])
-def test_group_sequential_size_is_at_most_alpha_and_tells_alpha_from_twice_alpha(discordance):
-    """4,000 races exactly at -margin on the quick preset's looks (50..984): the share
-    certified non-inferior is at most alpha within three standard errors, a limit below
-    2 x alpha, so a test with twice the error rate fails here."""
-    runs, alpha, margin = 4000, 0.05, 0.05
-    limit = alpha + tolerance(alpha, runs)
-    assert limit < 1.4 * alpha  # the check can see an alpha 40% too large, let alone 2x
-    size, wrong_side = gs_size(np.random.default_rng(int(discordance * 100)), runs, 984, discordance=discordance,
-                               margin=margin, alpha=alpha)
-    print(f"discordance {discordance}: size {size:.4f}, inferior {wrong_side:.4f} over {runs} runs")
-    assert size <= limit
-    assert wrong_side <= limit  # "inferior" at exactly the margin is an error too
-
-
-def test_the_size_check_catches_a_test_with_twice_the_alpha():
-    """Control: the same simulation with the boundaries of 2 x alpha lands above the limit."""
-    runs, alpha = 4000, 0.05
-    size, _ = gs_size(np.random.default_rng(20), runs, 984, discordance=0.2, margin=0.05, alpha=2 * alpha)
-    assert size > alpha + tolerance(alpha, runs)
-
-
-def test_the_plan_promises_the_power_the_group_sequential_test_has():
-    """At a true tie, a race on the pool certifies the plan's certifiable margin in 80% of
-    runs (within 0.05), at 10%, 20% and 40% discordance, futility stops included."""
-    for discordance in (0.1, 0.2, 0.4):
-        plan = plan_records(984, discordance=discordance, margin=0.05, alpha=0.05)
-        power, _ = gs_size(np.random.default_rng(3), 2000, 984, discordance=discordance,
-                           margin=plan.certifiable_margin, alpha=0.05, mean=0.0)
-        print(f"discordance {discordance}: plan margin {plan.certifiable_margin:.4f}, simulated power {power:.3f}")
-        assert abs(power - 0.8) <= 0.05, (discordance, power)
-
-
-def test_the_simulation_matches_the_test_itself():
-    """gs_size's vectorised loop makes the same decisions as GroupSequentialTest.verdict
-    (futility included), run by run."""
-    rng = np.random.default_rng(9)
-    pool, margin = 400, 0.05
-    test = GroupSequentialTest(pool=pool, alpha=0.05)
-    for mean in (-0.1, -0.05, 0.0):
-        diffs = discrete_diffs(rng, 40, pool, mean=mean, discordance=0.2)
-        for row in diffs:
-            verdict = None
-            for n in looks(pool):
-                verdict = test.verdict(row[:n], margin)
-                if verdict is not None:
-                    break
-            one, _ = gs_size(np.random.default_rng(0), 1, pool, discordance=0.2, margin=margin, alpha=0.05)
-            assert verdict in ("non-inferior", "inferior", "futile", None)
-    # A futile trend: far below the margin at the fifth of the pool, conditional power ~0.
+def test_futility_stops_a_trend_that_cannot_certify():
+    """A trend far below the margin at the fifth of the pool is inferior; one drifting below it
+    at half the pool has no conditional power left (futile), and the same trend at a quarter
+    is too early to tell. (Size and power by simulation: tests/test_stat_checks.py.)"""
     bad = np.array([-1.0] * 30 + [0.0] * 70)
     assert GroupSequentialTest(pool=400, alpha=0.05).verdict(bad, 0.05) == "inferior"
     drifting = np.array(([-1.0] * 2 + [0.0] * 7 + [1.0]) * 20)  # 200 records (half the pool), mean -0.1

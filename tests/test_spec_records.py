@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import re
 
 import jsonschema
 import pytest
@@ -18,6 +19,7 @@ from promptdistill.cli import main
 from promptdistill.specs.datasets import dataset_for, records, write_records
 from promptdistill.specs.load import load_spec, validate_spec_file
 from promptdistill.specs.metrics import score_reply
+from promptdistill.specs.plugins import MetricFunctionError
 from promptdistill.specs.prompt import output_schema_for
 from promptdistill.specs.schema_from import request_schema
 
@@ -183,6 +185,35 @@ def test_a_numpy_bool_is_not_a_score(tmp_path):
                                                   "    return numpy.bool_(True)\n")
     errors = validate_spec_file(path)
     assert len(errors) == 3 and "record 'tool_call-00': returned np.True_; a score must be" in errors[0], errors
+
+
+def test_a_binary_python_metric_is_raced_with_the_group_sequential_test_and_must_return_0_or_1(tmp_path):
+    """``metric.scores: binary`` (an allowed-values rule): the race's test is the efficient
+    group-sequential one, and a value other than 0 or 1 is an error naming the spec and record."""
+    from promptdistill.search.sequential import GroupSequentialTest, make_test
+
+    path = tool_project(tmp_path, [AREA], metric="def score(reply_text, parsed, expected, inputs):\n"
+                                                  "    return 1.0 if parsed == expected else 0.5\n")
+    assert validate_spec_file(path) == []
+    assert not load_spec(path).metric.discrete  # undeclared: continuous
+    spec_data = yaml.safe_load(path.read_text())
+    spec_data["metric"]["scores"] = "binary"
+    path.write_text(yaml.safe_dump(spec_data, sort_keys=False))
+    spec = load_spec(path)
+    assert spec.metric.discrete and spec.metric.to_dict()["scores"] == "binary"
+    assert isinstance(make_test(discrete=spec.metric.discrete, pool=984, alpha=0.1), GroupSequentialTest)
+    assert score_reply(spec.metric, '{"base": 3.0, "sides": [4, 5]}', {"base": 3.0, "sides": [4, 5]},
+                       record_id="r", where=spec.where) == 1.0
+    with pytest.raises(MetricFunctionError, match=f"{re.escape(spec.where)}: metric.function metrics.tool_call:score: "
+                       "record 'r': returned 0.5; metric.scores: binary allows only 0 and 1"):
+        score_reply(spec.metric, '{"base": 4.0}', {"base": 3.0, "sides": [4, 5]}, record_id="r", where=spec.where)
+    # Only a python metric declares its scores; the schema knows one value.
+    for metric, says in (({"kind": "exact", "scores": "binary"}, "metric.scores: only a python metric"),
+                         ({"kind": "python", "function": "metrics.tool_call:score", "scores": "0/1"}, "metric.scores")):
+        spec_data["metric"] = metric
+        path.write_text(yaml.safe_dump(spec_data, sort_keys=False))
+        errors = validate_spec_file(path)
+        assert any(says in e for e in errors), errors
 
 
 def test_a_metric_module_that_exits_at_import_is_an_error_and_other_specs_are_still_reported(tmp_path, capsys):

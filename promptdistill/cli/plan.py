@@ -43,8 +43,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     from promptdistill.pipeline.budgets import stage_settings
     from promptdistill.evaluate.evaluator import judge_cost
-    from promptdistill.search.racing import RaceSettings, admitted_finalists, raceable
-    from promptdistill.search.sequential import PlanAssumption
+    from promptdistill.search.racing import RaceSettings, admitted_finalists, raceable, screen_pass_chance
+    from promptdistill.search.sequential import PlanAssumption, group_sequential_power
     from promptdistill.search.splits import split_records
     from promptdistill.specs.load import load_spec
 
@@ -74,4 +74,13 @@ def _plan(args: argparse.Namespace) -> int:
           f"{sizes['test']} test records ({args.budget} preset: up to {finalists} finalists raced in turn, "
           f"alpha {alpha:g})")
     print(f"  {admitted} finalist(s) at alpha {alpha:g} / {admitted} each: {plan.sentence()}")
+    print(f"  discordance {discordance:.0%} is {'assumed' if args.discordance is None else 'given'} "
+          "(--discordance sets it); a race plans from the upper 90% bound its screen records show")
+    if plan.test == "group-sequential":  # the race's power is computed, not simulated
+        screened = screen_pass_chance(len(splits.screen), discordance=discordance, margin=settings.margin)
+        power = group_sequential_power(settings.margin, len(splits.certify), discordance, plan.alpha,
+                                       settings.first_look)
+        print(f"  end to end: a candidate exactly as good as the baseline passes the {len(splits.screen)}-record "
+              f"screen {screened:.0%} of the time, and is then certified at {settings.margin:g} with "
+              f"{power:.0%} power: {screened * power:.0%}")
     return 0

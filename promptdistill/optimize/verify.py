@@ -33,11 +33,12 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from promptdistill.core.stats import bootstrap_ci, paired_diffs
+from promptdistill.core.stats import paired_diffs
 from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
 from promptdistill.optimize.select import expected_ttft
+from promptdistill.search.group_sequential import score_interval
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import spec_messages
 from promptdistill.specs.render import render_messages
@@ -93,7 +94,7 @@ def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]],
         return (first[0], first[-1]), confidence, (f"nothing to revert: the first {half} of {len(records)} "
                                                    "records are scored, for the report")
     diffs = paired_diffs(first[-1].scores, first[0].scores)
-    ci = bootstrap_ci(diffs.tolist(), confidence=confidence, seed=seed) if diffs.size else None
+    ci = score_interval(diffs, confidence=confidence) if diffs.size else None
     where = f"[{ci.low:+.3f}, {ci.high:+.3f}]" if ci is not None else "(no pair scored)"
     if ci is not None and ci.low > line:
         return (first[0], first[-1]), confidence, (f"decided after the first {half} of {len(records)} records: "

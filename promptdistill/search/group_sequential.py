@@ -3,8 +3,9 @@
 A race looks at the paired differences ``d_i = candidate_i - baseline_i`` after 50, 100,
 200, ... certify records, looks fixed before any record is scored. Validity at *every*
 record (what a confidence sequence buys) is not needed then; validity over these few
-looks is, and it is much cheaper: on 384 records at 20% discordant pairs the betting
-confidence sequence certifies a drop of 0.090 with 80% power, this test 0.064.
+looks is, and it is much cheaper: on 384 records at 20% discordant pairs and one-sided
+0.025 the betting confidence sequence certifies a drop of 0.0775 with 80% power, this test
+0.0661 (the plans; ``tests/test_stat_checks.py`` simulates both races at those margins).
 
 The test, for ``H0: mean(d) <= -margin`` against ``H1: mean(d) > -margin``:
 
@@ -33,7 +34,10 @@ The test, for ``H0: mean(d) <= -margin`` against ``H1: mean(d) > -margin``:
   rejecting lowers the error rate, so the boundaries above keep their alpha; the plan's
   power includes these stops (the simulation in the tests checks it).
 * **Bounds**: the repeated confidence interval, ``{m : -c_k < Z_k(m) < c_k}``, so the
-  bounds reported at a look agree with the decision made there.
+  bounds reported at a look agree with the decision made there. With one look and
+  ``c = z_{(1 + confidence) / 2}`` it is the score interval (:func:`score_interval`;
+  Tango's for paired 0/1 scores), which the test split's first look uses: a percentile
+  bootstrap under-covers on a hundred paired 0/1 records with few discordant pairs.
 
 Why written here: the Python options are thin (``spotify-confidence`` has Lan-DeMets
 spending but pins pandas<3 and pulls plotting packages; ``gsdesign`` 0.1.5 exposes only
@@ -50,11 +54,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy import optimize as sopt
 from scipy import stats
+
+from promptdistill.core.stats import MeanCI
 
 __all__ = [
     "FUTILITY_CP",
@@ -66,6 +72,7 @@ __all__ = [
     "obf_boundaries",
     "obf_spending",
     "repeated_interval",
+    "score_interval",
     "score_statistic",
     "tango_variance",
 ]
@@ -189,7 +196,7 @@ def tango_variance(wins: np.ndarray | float, losses: np.ndarray | float, n: np.n
     among ``n`` pairs, at ``mean = null_mean`` (vectorised over runs).
 
     The restricted MLE of the loss probability ``q`` under ``p - q = null_mean`` is the
-    root of ``2n q^2 - B q - losses * delta (1 + delta) = 0`` with ``delta = -null_mean``
+    root of ``2n q^2 - B q + losses * delta (1 + delta) = 0`` with ``delta = -null_mean``
     and ``B = (wins + losses)(1 + delta) + 2 delta (n - wins)``... for ``delta >= 0``;
     the variance is ``p + q - delta^2``.
     """
@@ -230,7 +237,7 @@ def null_variance(diffs: np.ndarray, null_mean: float, weights: np.ndarray | Non
 
     Example:
         >>> round(null_variance(np.array([1.0] * 10 + [-1.0] * 10 + [0.0] * 80), -0.05), 4)  # Tango
-        0.2070
+        0.207
     """
     d = np.asarray(diffs, dtype=np.float64)
     if weights is None:
@@ -267,16 +274,26 @@ def null_variance(diffs: np.ndarray, null_mean: float, weights: np.ndarray | Non
     return float(np.sum(w * u * u) + rest * end * end)
 
 
+def _statistic(diffs: np.ndarray) -> Callable[[float], float]:
+    """``null_mean -> Z(null_mean)`` for these differences, the sample reduced once to its
+    values and their counts (an interval solves for many null means)."""
+    values, counts = np.unique(diffs, return_counts=True)
+    n, mean = diffs.size, float(diffs.mean())
+
+    def z(null_mean: float) -> float:
+        gap = mean - null_mean
+        v0 = null_variance(values, null_mean, weights=counts)
+        if v0 <= 1e-15:
+            return math.copysign(math.inf, gap) if abs(gap) > 1e-12 else 0.0
+        return gap / math.sqrt(v0 / n)
+
+    return z
+
+
 def score_statistic(diffs: Sequence[float], null_mean: float) -> float:
     """``(mean(d) - null_mean) / sqrt(V0 / n)``, ``V0`` the null variance (0 when n = 0)."""
     d = np.asarray(diffs, dtype=np.float64)
-    if d.size == 0:
-        return 0.0
-    gap = float(d.mean()) - null_mean
-    v0 = null_variance(d, null_mean)
-    if v0 <= 1e-15:
-        return math.copysign(math.inf, gap) if abs(gap) > 1e-12 else 0.0
-    return gap / math.sqrt(v0 / d.size)
+    return _statistic(d)(null_mean) if d.size else 0.0
 
 
 def repeated_interval(diffs: Sequence[float], bound: float) -> tuple[float, float]:
@@ -285,14 +302,40 @@ def repeated_interval(diffs: Sequence[float], bound: float) -> tuple[float, floa
     if d.size == 0 or not math.isfinite(bound):
         return -1.0, 1.0
     mean = float(d.mean())
+    z = _statistic(d)
 
     def solve(target: float, a: float, b: float) -> float:
-        fa = score_statistic(d, a) - target
-        fb = score_statistic(d, b) - target
+        fa = z(a) - target
+        fb = z(b) - target
         if fa * fb > 0:  # no crossing inside: the interval reaches the end of the range
             return a if abs(fa) < abs(fb) else b
-        return float(sopt.brentq(lambda m: score_statistic(d, m) - target, a, b, xtol=1e-9))
+        return float(sopt.brentq(lambda m: z(m) - target, a, b, xtol=1e-9))
 
     lower = solve(bound, -1.0 + 1e-9, mean) if mean > -1.0 + 1e-9 else -1.0
     upper = solve(-bound, mean, 1.0 - 1e-9) if mean < 1.0 - 1e-9 else 1.0
     return round(lower, 6), round(upper, 6)
+
+
+def score_interval(diffs: Sequence[float], *, confidence: float) -> MeanCI:
+    """The mean paired difference with its two-sided score interval at ``confidence``:
+    ``{m : |Z(m)| < z_{(1 + confidence) / 2}}``, ``Z`` the score statistic with the null
+    variance (Tango's interval for paired 0/1 scores, the restricted-MLE score interval for
+    other scores). Each tail holds about ``(1 - confidence) / 2`` also with a few discordant
+    pairs among a hundred records, where a percentile bootstrap of the mean does not
+    (``tests/test_stat_checks.py`` computes its tails exactly).
+
+    Example:
+        >>> ci = score_interval([1.0] * 3 + [-1.0] * 2 + [0.0] * 95, confidence=0.95)
+        >>> bool(ci.low < 0.01 < ci.high), ci.n
+        (True, 100)
+
+    Raises:
+        ValueError: confidence not in (0, 1).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.size == 0:
+        return MeanCI(None, None, None, 0)
+    low, high = repeated_interval(d, float(stats.norm.ppf(0.5 + confidence / 2.0)))
+    return MeanCI(float(d.mean()), low, high, int(d.size))

@@ -67,6 +67,8 @@ __all__ = [
     "Plan",
     "confidence_sequence",
     "discordance_upper_bound",
+    "group_sequential_power",
+    "last_bounds",
     "looks",
     "make_test",
     "plan_records",
@@ -124,6 +126,16 @@ def _final_lower_x(runs: np.ndarray, alpha: float, horizon: int | None = None) -
     return np.where(lo >= 0, _GRID[np.maximum(lo, 0)], 0.0)
 
 
+def _checked_x(diffs: Sequence[float], alpha: float) -> np.ndarray:
+    """``x = (d + 1) / 2`` in [0, 1]; ValueError for an alpha outside (0, 0.5] or a difference outside [-1, 1]."""
+    if not 0.0 < alpha <= 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5], got {alpha}")
+    d = np.asarray(diffs, dtype=np.float64)
+    if not np.all(np.isfinite(d)) or np.any(np.abs(d) > 1.0 + 1e-9):
+        raise ValueError("paired differences must be finite and in [-1, 1]")
+    return (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
+
+
 def confidence_sequence(diffs: Sequence[float], *, alpha: float,
                         horizon: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper bounds on the mean paired difference after each record.
@@ -144,18 +156,24 @@ def confidence_sequence(diffs: Sequence[float], *, alpha: float,
     Raises:
         ValueError: alpha not in (0, 0.5], or a difference outside [-1, 1].
     """
-    if not 0.0 < alpha <= 0.5:
-        raise ValueError(f"alpha must be in (0, 0.5], got {alpha}")
-    d = np.asarray(diffs, dtype=np.float64)
-    if d.size == 0:
+    x = _checked_x(diffs, alpha)
+    if x.size == 0:
         return np.zeros(0), np.zeros(0)
-    if not np.all(np.isfinite(d)) or np.any(np.abs(d) > 1.0 + 1e-9):
-        raise ValueError("paired differences must be finite and in [-1, 1]")
-    x = (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
     lower_x = _lower_x(x, alpha, horizon)
     upper_x = 1.0 - _lower_x(1.0 - x, alpha, horizon)
     # Rounded to the grid's own precision: -0.03 must read -0.03, not -0.030000000000000027.
     return np.round(2.0 * lower_x - 1.0, 9), np.round(2.0 * upper_x - 1.0, 9)
+
+
+def last_bounds(diffs: Sequence[float], *, alpha: float, horizon: int | None = None) -> tuple[float, float]:
+    """``confidence_sequence(diffs)``'s bounds after the last record, by the plan's bisection
+    (the same sums as the grid, so the same bounds, without those after every earlier record)."""
+    x = _checked_x(diffs, alpha)
+    if x.size == 0:
+        raise ValueError("bounds after the last record need at least one record")
+    lower_x = _final_lower_x(x[None, :], alpha, horizon)[0]
+    upper_x = 1.0 - _final_lower_x(1.0 - x[None, :], alpha, horizon)[0]
+    return float(np.round(2.0 * lower_x - 1.0, 9)), float(np.round(2.0 * upper_x - 1.0, 9))
 
 
 def looks(pool: int, *, first: int = 50) -> list[int]:
@@ -239,8 +257,7 @@ class ConfidenceSequenceTest:
 
     def decide(self, diffs: Sequence[float], margin: float) -> tuple[str | None, float, float]:
         """'non-inferior', 'inferior', 'futile' or None (go on), with the bounds after ``len(diffs)`` records."""
-        lower, upper = confidence_sequence(diffs, alpha=self.alpha, horizon=self.horizon or self.pool)
-        lo, hi = float(lower[-1]), float(upper[-1])
+        lo, hi = last_bounds(diffs, alpha=self.alpha, horizon=self.horizon or self.pool)
         verdict = "non-inferior" if lo >= -margin else "inferior" if hi <= -margin else None
         # Only a race whose bound already shows the candidate below the baseline is checked.
         if verdict is None and hi < 0.0 and self.futile(diffs, margin):
@@ -353,18 +370,19 @@ class Plan:
     at the pool's end; fixed before any certify record is scored, so the error rate holds."""
 
     def sentence(self) -> str:
-        """The plan in one line, for logs and summaries."""
+        """The plan in one line, for logs and summaries. The power is the race's, for a finalist
+        (one that passed the screen: :func:`~promptdistill.search.racing.screen_pass_chance`)."""
         need = f"~{self.needed} records needed" if self.needed is not None else "more records than planned for"
         verdict = "can" if self.certifiable_margin <= self.margin else "cannot"
         basis = f", {self.basis}" if self.basis else ""
         tuned = f" tuned to {self.horizon} records" if self.horizon and self.pool else ""
         return (f"{self.pool} certify records {verdict} certify a drop of at most {self.margin:g} with "
-                f"{self.power:.0%} power (certifiable margin {self.certifiable_margin:.3f} at "
+                f"{self.power:.0%} power once raced (certifiable margin {self.certifiable_margin:.3f} at "
                 f"{self.discordance:.0%} discordant pairs{basis}; {self.test}{tuned}, alpha {self.alpha:.3g} per "
                 f"candidate; {need} for {self.margin:g})")
 
 
-def _gs_power(delta: float, n: int, discordance: float, alpha: float, first_look: int) -> float:
+def group_sequential_power(delta: float, n: int, discordance: float, alpha: float, first_look: int) -> float:
     """Power of the group-sequential test on ``n`` records at a true tie (normal approximation,
     the null variance at its population value), its futility stops included."""
     planned = looks(n, first=first_look)
@@ -379,15 +397,15 @@ def _gs_power(delta: float, n: int, discordance: float, alpha: float, first_look
 def _gs_plan(pool: int, discordance: float, margin: float, alpha: float, first_look: int,
              max_records: int) -> tuple[float, int | None]:
     certifiable = 1.0
-    if pool > 0 and _gs_power(0.999, pool, discordance, alpha, first_look) >= PLAN_POWER:
-        certifiable = float(sopt.brentq(lambda m: _gs_power(m, pool, discordance, alpha, first_look) - PLAN_POWER,
+    if pool > 0 and group_sequential_power(0.999, pool, discordance, alpha, first_look) >= PLAN_POWER:
+        certifiable = float(sopt.brentq(lambda m: group_sequential_power(m, pool, discordance, alpha, first_look) - PLAN_POWER,
                                         1e-4, 0.999, xtol=1e-5))
-    if _gs_power(margin, max_records, discordance, alpha, first_look) < PLAN_POWER:
+    if group_sequential_power(margin, max_records, discordance, alpha, first_look) < PLAN_POWER:
         return certifiable, None
     lo, hi = 1, max_records  # power(lo) < 0.8 <= power(hi)
     while hi - lo > max(1, hi // 200):  # to 0.5%: plenty for a plan
         mid = (lo + hi) // 2
-        if _gs_power(margin, mid, discordance, alpha, first_look) >= PLAN_POWER:
+        if group_sequential_power(margin, mid, discordance, alpha, first_look) >= PLAN_POWER:
             hi = mid
         else:
             lo = mid

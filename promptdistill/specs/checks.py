@@ -330,6 +330,8 @@ def _output_metric_errors(spec: "Spec") -> list[str]:
                 errors.append(str(e))
     elif m.function is not None:
         errors.append("metric.function: only a python metric calls a function; set metric.kind: python")
+    if m.scores is not None and m.kind != "python":
+        errors.append(f"metric.scores: only a python metric declares its scores ({m.kind}'s are known)")
     if m.tolerance < 0:
         errors.append(f"metric.tolerance: must be at least 0, got {m.tolerance}")
     if m.pattern is not None:

@@ -255,7 +255,11 @@ def _score_with_function(metric: MetricSpec, reply: Any, expected: Any, inputs: 
     except Exception as e:  # noqa: BLE001 - the project's code: any failure is reported as its own
         raise MetricFunctionError(f"{where}: metric.function {metric.function}: record {record_id!r}: raised "
                                   f"{type(e).__name__}: {e}") from None
-    return check_score(value, function=metric.function, where=where, record_id=record_id)
+    score = check_score(value, function=metric.function, where=where, record_id=record_id)
+    if metric.scores == "binary" and score not in (None, 0.0, 1.0):
+        raise MetricFunctionError(f"{where}: metric.function {metric.function}: record {record_id!r}: returned "
+                                  f"{value!r}; metric.scores: binary allows only 0 and 1 (or None)")
+    return score
 
 
 def _score(metric: MetricSpec, reply: str, expected: Any, output_schema: Mapping[str, Any] | None) -> float:

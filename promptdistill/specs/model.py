@@ -90,6 +90,10 @@ class MetricSpec:
     """judge_rubric: what the judge looks for (scored by the judge, not here)."""
     function: str | None = None
     """python: the project's scoring function, ``"module:callable"`` (see :mod:`promptdistill.specs.plugins`)."""
+    scores: str | None = None
+    """python: ``"binary"`` when the function returns only 0 and 1 (an allowed-values rule):
+    a race then uses the group-sequential test, and any other value is an error. None:
+    scores anywhere in [0, 1]."""
     project_dir: str | None = dataclasses.field(default=None, compare=False)
     """python: where ``function``'s module is looked up first (the folder above ``prompts/``).
     Not part of the spec's content: moving a project does not change its specs."""
@@ -99,10 +103,11 @@ class MetricSpec:
 
     @property
     def discrete(self) -> bool:
-        """Scores on a small fixed grid (exact, numeric: 0/1; contains, json_field: shares of a
-        few checks). A race tests these with the group-sequential test; judge and python
-        scores count as continuous (an anytime-valid bound)."""
-        return self.kind in ("exact", "numeric", "contains", "json_field")
+        """Scores on a small fixed grid (exact, numeric and a python metric declared
+        ``scores: binary``: 0/1; contains, json_field: shares of a few checks). A race tests
+        these with the group-sequential test; judge and other python scores count as
+        continuous (an anytime-valid bound)."""
+        return self.kind in ("exact", "numeric", "contains", "json_field") or self.scores == "binary"
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set, in the shape of the YAML file."""
