@@ -39,6 +39,7 @@ def _load(args: argparse.Namespace) -> int:
     from promptdistill.core.config import load_settings
     from promptdistill.core.errors import ConfigError
     from promptdistill.load.files import write_load_report
+    from promptdistill.load.measure import WARMUP
     from promptdistill.load.run import load_server, measure_spec_load
     from promptdistill.registry.store import Registry
     from promptdistill.specs.load import load_spec
@@ -55,8 +56,9 @@ def _load(args: argparse.Namespace) -> int:
         if c < 1:
             raise ConfigError(f"--concurrency: must be at least 1, got {c}")
         loads.append(Load(concurrency=c))
-    if args.requests < 2 or args.blocks < 1:
-        raise ConfigError("--requests must be at least 2 and --blocks at least 1")
+    if args.requests <= WARMUP or args.blocks < 1:
+        raise ConfigError(f"--requests must be more than the {WARMUP} warm-up requests of a block, and --blocks at "
+                          f"least 1; got {args.requests} and {args.blocks}")
     settings = load_settings(args.config)
     spec = load_spec(args.name, prompts_dir=args.prompts_dir)
     ref = args.template or f"{spec.name}@production"

@@ -21,7 +21,10 @@ from promptdistill.core.errors import ConfigError
 from promptdistill.load.driver import LoadRequest, Outcome, run_block
 from promptdistill.specs.model import Load
 
-__all__ = ["LoadPlan", "measure_loads"]
+__all__ = ["WARMUP", "LoadPlan", "measure_loads"]
+
+WARMUP = 4
+"""Requests at the start of a block, sent into an empty queue, left out of its percentiles."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class LoadPlan:
     loads: tuple[Load, ...]
     requests_per_block: int = 48
     blocks: int = 2
-    warmup: int = 4
+    warmup: int = WARMUP
     timeout_s: float = 300.0
     """Bound on each request (a request past it counts as failed)."""
     seed: int = 0
