@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import bundled_specs, progress, setup, write_report
@@ -70,7 +71,8 @@ def profile_variants(names: list[str]) -> list[tuple[str, Any, list]]:
     return out
 
 
-def run_profile(url: str, engine: Any, names: list[str], registry: Registry, config: LoadProfileConfig) -> dict:
+def run_profile(url: str, engine: Any, names: list[str], registry: Registry, config: LoadProfileConfig,
+                model_name: str) -> dict:
     from promptdistill.ttft.engine_info import engine_block_size
 
     # The server's own tokenizer and chat template give the features (``ServerEngine``).
@@ -83,7 +85,8 @@ def run_profile(url: str, engine: Any, names: list[str], registry: Registry, con
     cells = profile_cells(rows)
     table = load_error_table(cells, config.percentile)
     model = LoadTTFTModel(config.percentile).fit(cells)
-    publish_load_model(registry, model, engine.identity, metadata={"errors": table, "config": config.to_dict()})
+    publish_load_model(registry, model, engine.identity, model_name=model_name,
+                       metadata={"errors": table, "config": config.to_dict()})
     for r in table:
         progress(f"load model {r['load']}: held-out MAPE {r['mape']:.1%} vs floor {r.get('floor', float('nan')):.1%}"
                  f" (ratio {r.get('ratio') or float('nan'):.2f}, {r['cells']} cells)")
@@ -197,7 +200,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if not args.no_profile:
             profile_names = args.profile_specs.split(",") if args.profile_specs else bundled_specs()
             config = LoadProfileConfig(requests=args.profile_requests)
-            result["profile"] = run_profile(url, engine, profile_names, Registry(settings.registry), config)
+            from promptdistill.engine import resolve_model
+
+            model_name = Path(resolve_model(settings.engine.model)).name
+            result["profile"] = run_profile(url, engine, profile_names, Registry(settings.registry), config, model_name)
         if not args.profile_only:
             for name in names:
                 row = compare_spec(url, name, registry, settings.engine.served_model_name, args.requests, args.blocks)

@@ -90,3 +90,15 @@ def seed_ttft_model(ttft_registry):
             shutil.copy2(src / "registry.json", dest / "registry.json")
 
     return seed
+
+
+@pytest.fixture(scope="session")
+def vllm_server(model_dir):
+    """One real vLLM OpenAI server for the session's server tests (load measurement,
+    the server backend): started on first use, stopped at the session's end."""
+    from promptdistill.core.config import EngineConfig
+    from promptdistill.engine.launcher import VLLMServer
+
+    config = EngineConfig(max_model_len=2048)
+    with VLLMServer(model_dir, config, startup_timeout_s=420) as server:
+        yield server

@@ -20,28 +20,31 @@ __all__ = ["LOAD_ARTIFACT_KIND", "load_load_model", "publish_load_model", "servi
 LOAD_ARTIFACT_KIND = "load-ttft-model"
 
 
-def serving_key(identity: Any) -> str:
-    """The identity's model, dtype, context, hardware and block size, hashed."""
-    values = {k: getattr(identity, k) for k in ("model", "dtype", "max_model_len", "hardware", "block_size")}
+def serving_key(identity: Any, model_name: str | None = None) -> str:
+    """The served weights (``model_name``: the model folder's name, which an in-process
+    engine's identity carries and a server's served name hides), dtype, context, hardware
+    and block size, hashed."""
+    values = {k: getattr(identity, k) for k in ("dtype", "max_model_len", "hardware", "block_size")}
+    values["model"] = model_name or identity.model
     return hashlib.sha256(canonical_json(values).encode()).hexdigest()[:16]
 
 
-def publish_load_model(registry: Any, model: LoadTTFTModel, identity: Any, *,
+def publish_load_model(registry: Any, model: LoadTTFTModel, identity: Any, *, model_name: str | None = None,
                        metadata: Mapping[str, Any] | None = None) -> Any:
     """Store ``model`` (fitted on the engine ``identity``) as the next version of its key."""
     files = {"model.json": canonical_json(model.to_dict()).encode()}
-    meta = {"engine_identity": identity.to_dict(), **dict(metadata or {})}
-    return registry.put_artifact(LOAD_ARTIFACT_KIND, serving_key(identity), files, metadata=json_safe(meta),
-                                 labels=["current"])
+    meta = {"engine_identity": identity.to_dict(), "model_name": model_name or identity.model, **dict(metadata or {})}
+    return registry.put_artifact(LOAD_ARTIFACT_KIND, serving_key(identity, model_name), files,
+                                 metadata=json_safe(meta), labels=["current"])
 
 
-def load_load_model(registry: Any, identity: Any) -> tuple[LoadTTFTModel, dict[str, Any]]:
+def load_load_model(registry: Any, identity: Any, model_name: str | None = None) -> tuple[LoadTTFTModel, dict[str, Any]]:
     """The newest load model for this engine's serving key, and its metadata.
 
     Raises:
         TemplateNotFoundError: none was fitted for it (the message says how to fit one).
     """
-    key = serving_key(identity)
+    key = serving_key(identity, model_name)
     try:
         record = registry.get_artifact(LOAD_ARTIFACT_KIND, key)
     except TemplateNotFoundError:
