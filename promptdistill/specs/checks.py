@@ -35,7 +35,7 @@ import yaml
 
 from promptdistill.core.errors import SpecError
 from promptdistill.core.jsonio import TextFileError, read_text
-from promptdistill.specs.plugins import load_function
+from promptdistill.specs.plugins import load_problem
 from promptdistill.specs.render import TemplateSyntaxError, check_template, mask_escapes, placeholders
 from promptdistill.specs.schema_from import request_schema, schema_location
 from promptdistill.specs.text import WORD
@@ -324,10 +324,9 @@ def _output_metric_errors(spec: "Spec") -> list[str]:
             errors.append("metric.function: a python metric needs its function, 'module:callable' "
                           "(for example 'metrics.args:score' for metrics/args.py in the project)")
         else:
-            try:
-                load_function(m.function, m.project_dir)
-            except SpecError as e:
-                errors.append(str(e))
+            problem = load_problem(m.function, m.project_dir)  # imported in a child process, within a bound
+            if problem:
+                errors.append(problem)
     elif m.function is not None:
         errors.append("metric.function: only a python metric calls a function; set metric.kind: python")
     if m.tolerance < 0:
