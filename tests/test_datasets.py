@@ -523,3 +523,37 @@ def test_a_private_dataset_stays_private_and_so_does_its_backup(tmp_path):
     assert _import(tmp_path, _traffic(tmp_path, _rows(50, 90))) == 0
     assert oct(dataset.stat().st_mode & 0o777) == "0o600"
     assert oct(dataset.with_name("label.jsonl.bak").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_lone_surrogate_in_an_import_line_is_named_by_line_and_column(tmp_path, capsys):
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    before = dataset.read_bytes()
+    rows = _traffic(tmp_path, [*_rows(40, 42), '{"rid": "r9", "msg": "half \\ud800 a pair", "label": "a"}',
+                               '{"rid": "r8", "msg": "a whole pair \\ud83d\\ude00", "label": "a"}'])
+    assert _import(tmp_path, rows, "--append") == 2
+    err = capsys.readouterr().err
+    assert f"{rows}:3: column 'msg': holds a lone surrogate" in err and "Traceback" not in err
+    assert dataset.read_bytes() == before
+    from promptdistill.cli import main  # without --id-column the id is a hash of the inputs
+
+    assert main(["datasets", "import", str(rows), "--spec", str(tmp_path / "prompts" / "label.yaml"),
+                 "--map", "text=msg", "--append"]) == 2
+    assert f"{rows}:3: column 'msg': holds a lone surrogate" in capsys.readouterr().err
+    assert dataset.read_bytes() == before
+
+
+def test_a_lone_surrogate_in_a_dataset_line_is_an_error_on_that_line(tmp_path):
+    path = _write(tmp_path, [_rec("a"), json.dumps({"id": "b", "split": "dev", "inputs": {"q": "x\ud800"}})])
+    with pytest.raises(SpecError, match=r"d.jsonl:2: malformed JSON: holds a lone surrogate"):
+        load_dataset(path)
+
+
+def test_import_out_naming_a_folder_is_an_error_naming_it(tmp_path, capsys):
+    _project(tmp_path)
+    folder = tmp_path / "datasets" / "here"
+    folder.mkdir(parents=True)
+    assert _import(tmp_path, _traffic(tmp_path, _rows(0, 40)), "--out", str(folder)) == 2
+    err = capsys.readouterr().err
+    assert f"SpecError: {folder}: is a folder; name the dataset file to write" in err
+    assert list(folder.iterdir()) == [] and sorted(p.name for p in folder.parent.iterdir()) == ["here"]

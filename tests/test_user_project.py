@@ -458,3 +458,43 @@ def test_scoring_in_process_still_reports_a_base_exception_and_an_overflow_namin
         with pytest.raises(MetricFunctionError, match=re.escape(f"record '{screen[1]['id']}': {says}")):
             evaluate(FakeEngine(reply=reply_from_request), spec, screen[:2])
         assert calls.read_text() == "xx"
+
+
+def test_a_function_definition_without_parameters_is_refused_naming_the_record(tmp_path):
+    path = make_project(tmp_path)
+    dataset = tmp_path / "datasets" / "tool_call.jsonl"
+    records = [json.loads(line) for line in dataset.read_text().splitlines()]
+    records[3]["inputs"]["function"] = json.dumps({"name": "set_alarm", "description": "Set an alarm."})
+    records[5]["inputs"]["function"] = {"type": "function", "function": {"name": "set_alarm"}}
+    write_records(dataset, records)
+    errors = validate_spec_file(path)
+    assert errors[:2] == [
+        f"{dataset}:4: inputs.function: record 'tc-003': a function definition without parameters: read as a schema "
+        "it would accept any reply; give the function's parameters (a JSON Schema object)",
+        f"{dataset}:6: inputs.function: record 'tc-005': a function definition without function.parameters: read as "
+        "a schema it would accept any reply; give the function's parameters (a JSON Schema object)"], errors
+
+
+def test_init_of_a_symlink_loop_is_an_error_naming_it(tmp_path, capsys):
+    from promptdistill.cli import main
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert main(["init", str(loop)]) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: init: cannot check {loop}" in err and "nothing was written" in err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_init_over_a_fifo_is_an_error_naming_it_not_a_hang(tmp_path, capsys, force):
+    import os
+
+    from promptdistill.cli import main
+
+    os.mkfifo(tmp_path / "promptdistill.toml")
+    assert main(["init", str(tmp_path), *force]) == 2
+    err = capsys.readouterr().err
+    assert (f"ConfigError: init: {tmp_path / 'promptdistill.toml'} is a FIFO (named pipe), not a regular file, where "
+            "init writes a file; move or remove it") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["promptdistill.toml"]

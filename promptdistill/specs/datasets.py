@@ -12,8 +12,8 @@ rendered; a python metric receives it as ``reference=`` and the rubric judge see
 ``datasets/x.jsonl:12: inputs.foo: not declared by the spec``.
 
 Lines are strict JSON: ``NaN`` and ``Infinity`` (which Python's parser accepts) are
-refused, and so are values nested deeper than ``MAX_DEPTH`` (a line of 200,000 brackets
-is an error on that line, not a RecursionError).
+refused, and so are lone surrogates (``"\\ud800"``: not text) and values nested deeper
+than ``MAX_DEPTH`` (a line of 200,000 brackets is an error on that line, not a RecursionError).
 
 No Parquet cache: it is not a win at this size. Loading a bundled 180-record file takes
 about 13 ms; reading a Parquet copy (inputs/expected as JSON columns, since nested dicts
@@ -44,8 +44,8 @@ from promptdistill.core.jsonio import NotJSONError, atomic_write, strict_json
 if TYPE_CHECKING:  # the spec model imports the checks that load datasets
     from promptdistill.specs.model import Spec
 
-__all__ = ["LOCK_WAIT_S", "MAX_DEPTH", "SPLITS", "dataset_for", "dataset_hash", "dataset_lock", "load_dataset",
-           "read_records", "records", "write_records"]
+__all__ = ["LOCK_WAIT_S", "MAX_DEPTH", "SPLITS", "SURROGATE_PROBLEM", "dataset_for", "dataset_hash", "dataset_lock",
+           "load_dataset", "read_records", "records", "write_records"]
 
 SPLITS = ("train", "dev", "test")
 MAX_DEPTH = 64
@@ -54,6 +54,8 @@ _FIELDS = ("id", "split", "inputs")
 _OPTIONAL = ("expected", "meta", "reference")
 """A record without ``expected`` (or with ``null``) is label-free: the search scores
 replies against the baseline prompt's own reply (see :mod:`promptdistill.search.references`)."""
+SURROGATE_PROBLEM = "holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not text"
+"""Why a string with a lone surrogate is refused: no UTF-8 file, hash or prompt can carry it."""
 LOCK_WAIT_S = 60.0
 """How long :func:`dataset_lock` waits for another holder by default, in seconds."""
 MAX_ERRORS_SHOWN = 20
@@ -107,6 +109,10 @@ def _load_line(line: str) -> Any:
         raise NotJSONError(f"nested deeper than {MAX_DEPTH} levels") from None
     if _too_deep(value):
         raise NotJSONError(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotJSONError(SURROGATE_PROBLEM) from None
     return value
 
 

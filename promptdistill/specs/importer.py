@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 from promptdistill.core.errors import SpecError, error_listing
 from promptdistill.core.jsonio import NotJSONError, canonical_json, to_json_value
 from promptdistill.specs.checks import read_yaml
-from promptdistill.specs.datasets import LOCK_WAIT_S, MAX_ERRORS_SHOWN, dataset_lock, read_records, write_records
+from promptdistill.specs.datasets import (LOCK_WAIT_S, MAX_ERRORS_SHOWN, SURROGATE_PROBLEM, dataset_lock,
+                                          read_records, write_records)
 from promptdistill.specs.load import _dataset_errors, load_spec
 from promptdistill.specs.model import Spec, spec_from_dict
 
@@ -100,10 +101,25 @@ def _read_jsonl(path: Path) -> Table:
         if not isinstance(row, dict):
             errors.append(f"{path}:{n}: must be a JSON object of column -> value, got {type(row).__name__}")
             continue
+        broken = [c for c, v in row.items() if _lone_surrogate(c) or _lone_surrogate(v)]
+        if broken:
+            errors.append(f"{path}:{n}: column {broken[0]!r}: {SURROGATE_PROBLEM}")
+            continue
         rows.append((n, row))
     if errors:
         _raise(errors)
     return Table(path, rows, "line")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether ``value`` holds a lone surrogate (JSON's ``"\\ud800"``): a str UTF-8 cannot carry."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, TypeError, RecursionError):  # named per column later
+        return False
+    return False
 
 
 def _read_csv(path: Path) -> Table:
