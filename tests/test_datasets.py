@@ -395,3 +395,165 @@ def test_a_record_may_carry_any_json_reference(tmp_path):
     path = _write(tmp_path, [json.dumps({"id": "a", "split": "dev", "inputs": {"q": "x"}, "reference": [1, "two"]}),
                              json.dumps({"id": "b", "split": "dev", "inputs": {"q": "x"}, "reference": "facts"})])
     assert load_dataset(path, declared_inputs=["q"])["reference"].tolist() == [[1, "two"], "facts"]
+
+
+# --- concurrent imports, killed imports, private files ------------------------------------
+
+_APPEND_TRIALS = r'''
+import json, os, sys
+from pathlib import Path
+from promptdistill.cli import main
+import promptdistill.specs.importer  # noqa: F401 - imported once here, not in every child
+
+root, trials = Path(sys.argv[1]), int(sys.argv[2])
+spec = str(root / "prompts" / "label.yaml")
+for t in range(trials):
+    go_r, go_w = os.pipe()
+    children = []
+    for side in (0, 1):
+        pid = os.fork()
+        if pid == 0:  # a CLI process of its own, started at the same moment as the other
+            os.close(go_w)
+            os.read(go_r, 1)
+            out = os.open(str(root / f"out-{t}-{side}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os._exit(main(["datasets", "import", str(root / f"traffic-{side}.jsonl"), "--spec", spec,
+                           "--map", "text=msg", "--id-column", "rid", "--expected-column", "label",
+                           "--out", str(root / "datasets" / f"trial-{t}.jsonl"), "--append"]))
+        children.append(pid)
+    os.close(go_r)
+    os.write(go_w, b"go")
+    os.close(go_w)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    print(json.dumps(codes), flush=True)
+'''
+
+
+def _seed_trials(tmp_path: Path, trials: int) -> None:
+    from promptdistill.specs.importer import split_of
+
+    seed = [{"id": r["rid"], "split": split_of(r["rid"]), "inputs": {"text": r["msg"]}, "expected": r["label"]}
+            for r in _rows(0, 20)]
+    for t in range(trials):
+        write_records(tmp_path / "datasets" / f"trial-{t}.jsonl", seed)
+    _traffic(tmp_path, _rows(100, 125), "traffic-0.jsonl")
+    _traffic(tmp_path, _rows(200, 225), "traffic-1.jsonl")
+
+
+def _lost_rows(tmp_path: Path, trials: int) -> list[int]:
+    from promptdistill.specs.datasets import read_records
+
+    return [70 - len(read_records(tmp_path / "datasets" / f"trial-{t}.jsonl")) for t in range(trials)]
+
+
+@pytest.mark.timeout(300)
+def test_two_concurrent_appends_never_lose_rows(tmp_path):
+    """Two CLI processes append 25 rows each to the same 20-record dataset at the same moment,
+    50 times (forked from one that has imported the CLI, so a trial costs milliseconds)."""
+    _project(tmp_path)
+    _seed_trials(tmp_path, 50)
+    run = subprocess.run([sys.executable, "-c", _APPEND_TRIALS, str(tmp_path), "50"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=250)
+    assert run.returncode == 0, run.stderr
+    assert [json.loads(line) for line in run.stdout.splitlines()] == [[0, 0]] * 50, (run.stdout, run.stderr)
+    assert _lost_rows(tmp_path, 50) == [0] * 50
+    assert all("25 of 25 rows imported" in (tmp_path / f"out-{t}-{s}.txt").read_text()
+               for t in range(50) for s in (0, 1))
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.timeout(600)
+def test_two_appends_started_from_the_command_line_lose_no_rows(tmp_path):
+    import os
+
+    _project(tmp_path)
+    _seed_trials(tmp_path, 2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for t in range(2):
+        procs = [subprocess.Popen([sys.executable, "-m", "promptdistill", "datasets", "import",
+                                   str(tmp_path / f"traffic-{side}.jsonl"), "--spec",
+                                   str(tmp_path / "prompts" / "label.yaml"), "--map", "text=msg", "--id-column", "rid",
+                                   "--expected-column", "label", "--out", str(tmp_path / "datasets" / f"trial-{t}.jsonl"),
+                                   "--append"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for side in (0, 1)]
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0 and "25 of 25 rows imported" in out, err
+    assert _lost_rows(tmp_path, 2) == [0, 0]
+
+
+def test_an_import_waits_for_another_then_fails_naming_the_dataset(tmp_path, capsys):
+    import fcntl
+    import time
+
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    before = dataset.read_bytes()
+    lock = dataset.with_name(".label.jsonl.lock")
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        start = time.monotonic()
+        assert _import(tmp_path, _traffic(tmp_path, _rows(40, 45)), "--append", "--wait", "1") == 2
+        assert 0.9 < time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert f"waiting for another import of {dataset}" in err
+    assert (f"{dataset}: another import of it has not finished after 1 s (lock {lock}); nothing was written; "
+            "run again when it ends, or wait longer (--wait)") in err
+    assert dataset.read_bytes() == before
+
+
+def test_a_killed_imports_temporary_file_is_removed_by_the_next_import(tmp_path):
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    stale = [dataset.with_name(".label.jsonl.0123456789ab.tmp"), dataset.with_name(".label.jsonl.bak.ba9876543210.tmp")]
+    for path in stale:
+        path.write_bytes(b"x" * 100_000)
+    other = dataset.with_name(".other.jsonl.0123456789ab.tmp")  # another dataset's: not ours to remove
+    other.write_bytes(b"y")
+    assert _import(tmp_path, _traffic(tmp_path, _rows(40, 45)), "--append") == 0
+    assert not any(p.exists() for p in stale) and other.exists()
+
+
+def test_a_private_dataset_stays_private_and_so_does_its_backup(tmp_path):
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    dataset.chmod(0o600)
+    assert _import(tmp_path, _traffic(tmp_path, _rows(40, 45)), "--append") == 0
+    assert _import(tmp_path, _traffic(tmp_path, _rows(50, 90))) == 0
+    assert oct(dataset.stat().st_mode & 0o777) == "0o600"
+    assert oct(dataset.with_name("label.jsonl.bak").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_lone_surrogate_in_an_import_line_is_named_by_line_and_column(tmp_path, capsys):
+    _project(tmp_path)
+    dataset = _seed(tmp_path)
+    before = dataset.read_bytes()
+    rows = _traffic(tmp_path, [*_rows(40, 42), '{"rid": "r9", "msg": "half \\ud800 a pair", "label": "a"}',
+                               '{"rid": "r8", "msg": "a whole pair \\ud83d\\ude00", "label": "a"}'])
+    assert _import(tmp_path, rows, "--append") == 2
+    err = capsys.readouterr().err
+    assert f"{rows}:3: column 'msg': holds a lone surrogate" in err and "Traceback" not in err
+    assert dataset.read_bytes() == before
+    from promptdistill.cli import main  # without --id-column the id is a hash of the inputs
+
+    assert main(["datasets", "import", str(rows), "--spec", str(tmp_path / "prompts" / "label.yaml"),
+                 "--map", "text=msg", "--append"]) == 2
+    assert f"{rows}:3: column 'msg': holds a lone surrogate" in capsys.readouterr().err
+    assert dataset.read_bytes() == before
+
+
+def test_a_lone_surrogate_in_a_dataset_line_is_an_error_on_that_line(tmp_path):
+    path = _write(tmp_path, [_rec("a"), json.dumps({"id": "b", "split": "dev", "inputs": {"q": "x\ud800"}})])
+    with pytest.raises(SpecError, match=r"d.jsonl:2: malformed JSON: holds a lone surrogate"):
+        load_dataset(path)
+
+
+def test_import_out_naming_a_folder_is_an_error_naming_it(tmp_path, capsys):
+    _project(tmp_path)
+    folder = tmp_path / "datasets" / "here"
+    folder.mkdir(parents=True)
+    assert _import(tmp_path, _traffic(tmp_path, _rows(0, 40)), "--out", str(folder)) == 2
+    err = capsys.readouterr().err
+    assert f"SpecError: {folder}: is a folder; name the dataset file to write" in err
+    assert list(folder.iterdir()) == [] and sorted(p.name for p in folder.parent.iterdir()) == ["here"]

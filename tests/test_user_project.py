@@ -336,3 +336,165 @@ def test_the_optimizer_publishes_constrained_decoding_for_a_per_request_schema(t
         result = optimize(FakeEngine(reply=reply_from_request), spec, ttft_model=ttft_model(),
                           budget=dataclasses.replace(budget, formats=formats))
         assert result.content["response_format"] == "json_schema" and result.content["schema_from"] == "function"
+
+
+# --- a project metric runs at arm's length: hangs, exits, prints and odd values are errors ----------
+
+
+@pytest.fixture
+def short_metric_bounds(monkeypatch):
+    monkeypatch.setenv("PROMPTDISTILL_METRIC_CALL_TIMEOUT_S", "1")
+    monkeypatch.setenv("PROMPTDISTILL_METRIC_LOAD_TIMEOUT_S", "2")
+
+
+def _validate(paths, capsys):
+    from promptdistill.cli import main
+
+    code = main(["spec", "validate", *map(str, paths)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.timeout(30)
+def test_a_metric_that_hangs_per_call_is_stopped_within_its_bound(tmp_path, capsys, short_metric_bounds):
+    import time
+
+    path = make_project(tmp_path, metric_source="import time\ndef score(*args):\n    time.sleep(600)\n")
+    start = time.monotonic()
+    code, out, err = _validate([path], capsys)
+    assert time.monotonic() - start < 20
+    assert code == 2 and out == ""
+    assert f"{path}: metric.function metrics.calls:score: record 'tc-000': took longer than 1 s" in err
+    assert "PROMPTDISTILL_METRIC_CALL_TIMEOUT_S" in err
+
+
+@pytest.mark.timeout(30)
+def test_a_metric_that_hangs_at_import_is_stopped_within_its_bound(tmp_path, capsys, short_metric_bounds):
+    path = make_project(tmp_path, metric_source="while True:\n    pass\n")
+    code, out, err = _validate([path], capsys)
+    assert code == 2 and out == ""
+    assert f"{path}: metric.function: importing {tmp_path / 'metrics' / 'calls.py'} took longer than 2 s" in err
+    assert "PROMPTDISTILL_METRIC_LOAD_TIMEOUT_S" in err
+
+
+@pytest.mark.timeout(30)
+def test_a_metric_that_ends_the_process_fails_validate_and_the_other_specs_are_still_reported(tmp_path, capsys):
+    specs = []
+    for n, body in enumerate(["import os; os._exit(0)", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+                              "return 'high'", "return 1.0"]):
+        root = tmp_path / f"p{n}"
+        specs.append(make_project(root, metric_source=f"def score(*args):\n    {body}\n"))
+    code, out, err = _validate(specs, capsys)
+    assert code == 2, (out, err)
+    assert (f"{specs[0]}: metric.function metrics.calls:score: record 'tc-000': the metric's process ended "
+            "(exit code 0)") in err
+    assert f"{specs[1]}: metric.function metrics.calls:score: record 'tc-000': the metric's process ended " \
+           "(killed by signal SIGKILL)" in err
+    assert f"{specs[2]}: metric.function metrics.calls:score: record 'tc-000': returned 'high'" in err
+    assert out == f"ok: {specs[3]}\n"
+
+
+@pytest.mark.timeout(30)
+def test_what_a_metric_prints_never_reaches_validates_output_and_shows_in_its_error(tmp_path, capsys):
+    quiet = make_project(tmp_path / "a", metric_source="import sys\nprint('ok: fake.yaml')\n"
+                                                        "def score(*args):\n    print('ok: fake.yaml')\n"
+                                                        "    print('noise', file=sys.stderr)\n    return 1.0\n")
+    loud = make_project(tmp_path / "b", metric_source="def score(*args):\n    print('looking at', args[0][:10])\n"
+                                                       "    raise ValueError('no')\n")
+    code, out, err = _validate([quiet, loud], capsys)
+    assert code == 2 and out == f"ok: {quiet}\n"
+    assert "fake.yaml" not in out + err and "noise" not in out + err
+    assert f"{loud}: metric.function metrics.calls:score: record 'tc-000': raised ValueError: no" in err
+    assert "(it printed: 'looking at {\"allowed\"" in err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("source, says", [
+    ("def score(*args):\n    return 10**400\n", "returned an int too large for a float; a score must be a number in [0, 1]"),
+    ("class Stop(BaseException):\n    pass\ndef score(*args):\n    raise Stop('halt')\n", "raised Stop(halt)"),
+    ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no str')\n"
+     "def score(*args):\n    raise Odd()\n", "raised Odd: (str() of the exception failed: RuntimeError)"),
+    ("class Odd:\n    def __repr__(self):\n        raise RuntimeError('no repr')\n"
+     "def score(*args):\n    return Odd()\n", "returned a value of type Odd (repr() failed: RuntimeError: no repr)"),
+], ids=["huge-int", "base-exception", "str-fails", "repr-fails"])
+def test_an_exotic_return_or_exception_is_an_error_naming_the_record(tmp_path, capsys, source, says):
+    path = make_project(tmp_path, metric_source=source)
+    code, out, err = _validate([path], capsys)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"{path}: metric.function metrics.calls:score: record 'tc-000': {says}" in err, err
+
+
+@pytest.mark.timeout(30)
+def test_datasets_import_with_a_hanging_metric_returns_within_its_bound(tmp_path, capsys, short_metric_bounds):
+    from promptdistill.cli import main
+
+    path = make_project(tmp_path, metric_source="import time\ndef score(*args):\n    time.sleep(600)\n")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"request": f"wake me at 0{i}:00", "function": json.dumps(FUNCTION),
+                                        "expected": {"allowed": {"time": [f"0{i}:00"]}}}) + "\n" for i in range(9)))
+    dataset = tmp_path / "datasets" / "tool_call.jsonl"
+    before = dataset.read_bytes()
+    code = main(["datasets", "import", str(rows), "--spec", str(path), "--expected-column", "expected"])
+    err = capsys.readouterr().err
+    assert code == 2 and "took longer than 1 s" in err and dataset.read_bytes() == before
+
+
+def test_scoring_in_process_still_reports_a_base_exception_and_an_overflow_naming_the_record(tmp_path):
+    import re
+
+    # The first call runs at arm's length, the later ones in this process: the function
+    # fails from its second call on (a file counts the calls across both processes).
+    calls = tmp_path / "calls.txt"
+    count = (f"import pathlib\ndef called():\n    p = pathlib.Path({str(calls)!r})\n"
+             "    p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n    return len(p.read_text())\n")
+    for source, says in [("class Stop(BaseException):\n    pass\n"
+                          "def score(*args):\n    if called() > 1:\n        raise Stop('x')\n    return 1.0\n",
+                          "raised Stop(x)"),
+                         ("def score(*args):\n    return 10**400 if called() > 1 else 1.0\n",
+                          "returned an int too large for a float")]:
+        calls.unlink(missing_ok=True)
+        spec = load_spec(make_project(tmp_path, metric_source=count + source))
+        screen = split_records(spec, seed=0, screen_size=4, dev_size=20, test_size=12).screen
+        with pytest.raises(MetricFunctionError, match=re.escape(f"record '{screen[1]['id']}': {says}")):
+            evaluate(FakeEngine(reply=reply_from_request), spec, screen[:2])
+        assert calls.read_text() == "xx"
+
+
+def test_a_function_definition_without_parameters_is_refused_naming_the_record(tmp_path):
+    path = make_project(tmp_path)
+    dataset = tmp_path / "datasets" / "tool_call.jsonl"
+    records = [json.loads(line) for line in dataset.read_text().splitlines()]
+    records[3]["inputs"]["function"] = json.dumps({"name": "set_alarm", "description": "Set an alarm."})
+    records[5]["inputs"]["function"] = {"type": "function", "function": {"name": "set_alarm"}}
+    write_records(dataset, records)
+    errors = validate_spec_file(path)
+    assert errors[:2] == [
+        f"{dataset}:4: inputs.function: record 'tc-003': a function definition without parameters: read as a schema "
+        "it would accept any reply; give the function's parameters (a JSON Schema object)",
+        f"{dataset}:6: inputs.function: record 'tc-005': a function definition without function.parameters: read as "
+        "a schema it would accept any reply; give the function's parameters (a JSON Schema object)"], errors
+
+
+def test_init_of_a_symlink_loop_is_an_error_naming_it(tmp_path, capsys):
+    from promptdistill.cli import main
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert main(["init", str(loop)]) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: init: cannot check {loop}" in err and "nothing was written" in err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_init_over_a_fifo_is_an_error_naming_it_not_a_hang(tmp_path, capsys, force):
+    import os
+
+    from promptdistill.cli import main
+
+    os.mkfifo(tmp_path / "promptdistill.toml")
+    assert main(["init", str(tmp_path), *force]) == 2
+    err = capsys.readouterr().err
+    assert (f"ConfigError: init: {tmp_path / 'promptdistill.toml'} is a FIFO (named pipe), not a regular file, where "
+            "init writes a file; move or remove it") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["promptdistill.toml"]

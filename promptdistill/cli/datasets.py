@@ -5,13 +5,15 @@
 
 Creates or replaces the spec's dataset file (``datasets/<spec.dataset>``, or ``--out``), or
 adds to it (``--append``), atomically and only when the result passes the dataset checks
-of ``spec validate``; the replaced file is kept as ``<file>.bak``. Prints what was
+of ``spec validate``; the replaced file is kept as ``<file>.bak``. Concurrent imports of
+one dataset run one after the other (``--wait`` bounds the wait). Prints what was
 imported and left out. See :mod:`promptdistill.specs.importer`.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 __all__ = ["register"]
 
@@ -40,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="add the new rows to the existing dataset (its records and splits are kept; rows already "
                           "there are left out; an id already there with other inputs is an error)")
     imp.add_argument("--out", help="the dataset file to write (default: the spec's own)")
+    imp.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                     help="how long to wait for another import of the same dataset to finish (default: %(default)g)")
     imp.set_defaults(func=_import)
 
 
@@ -57,8 +61,11 @@ def _import(args: argparse.Namespace) -> int:
     unknown = sorted(set(mapping) - set(spec.inputs))
     if unknown:
         raise ConfigError(f"--map: {unknown} not input(s) of {spec.name} ({', '.join(spec.inputs)})")
+    if not args.wait >= 0:
+        raise ConfigError(f"--wait: must be a number of seconds, at least 0, got {args.wait}")
     path, report = import_file(args.file, spec, out=args.out, append=args.append, mapping=mapping,
                                id_column=args.id_column, expected_column=args.expected_column,
-                               reference_columns=args.reference_column)
+                               reference_columns=args.reference_column, wait_s=args.wait,
+                               on_wait=lambda message: print(message, file=sys.stderr, flush=True))
     print(f"{path}: {report.sentence()}" + ("" if report.kept else "; nothing new, the file is unchanged"))
     return 0

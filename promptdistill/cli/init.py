@@ -14,6 +14,7 @@ a whole project or the folder as it was.
 from __future__ import annotations
 
 import argparse
+import stat
 import sys
 from importlib import resources
 from pathlib import Path
@@ -43,11 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _init(args: argparse.Namespace) -> int:
     root = Path(args.folder)
-    files = project_files(root)
     try:
+        files = project_files(root)
         _check_paths(root, files)
-    except OSError as e:  # a folder that cannot be looked into
+    except OSError as e:  # a folder that cannot be looked into, or a symbolic link loop (Python 3.13+)
         raise ConfigError(f"init: cannot check {e.filename or root}: {e.strerror or e}; nothing was written") from None
+    except RuntimeError as e:  # pathlib's "Symlink loop from ..." before Python 3.13
+        raise ConfigError(f"init: cannot check {root}: {e} (a symbolic link that points at itself); "
+                          "remove it or choose another folder; nothing was written") from None
     kept = [path for path in files if path.exists() and not args.force]
     for path in kept:
         print(f"kept {path} (exists; --force replaces it)", file=sys.stderr)
@@ -77,6 +81,26 @@ def _check_paths(root: Path, files: dict[Path, str]) -> None:
     for path in files:
         if path.is_dir():
             raise ConfigError(f"init: {path} is a folder, where init writes a file; move or rename it")
+        if path.is_symlink() or path.exists():
+            kind = _special_kind(path)
+            if kind:  # reading it to undo a failed write would block (a FIFO) or never end (a device)
+                raise ConfigError(f"init: {path} is {kind}, not a regular file, where init writes a file; "
+                                  "move or remove it")
+
+
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a folder (None otherwise)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:  # a link to nothing: the write replaces the link
+        return None
+    except OSError as e:  # a link in a loop
+        return f"a path that cannot be looked at ({e.strerror or e})"
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return None
 
 
 def _file_in_the_way(folder: Path) -> Path | None:

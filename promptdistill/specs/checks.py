@@ -35,7 +35,7 @@ import yaml
 
 from promptdistill.core.errors import SpecError
 from promptdistill.core.jsonio import TextFileError, read_text
-from promptdistill.specs.plugins import load_function
+from promptdistill.specs.plugins import load_problem
 from promptdistill.specs.render import TemplateSyntaxError, check_template, mask_escapes, placeholders
 from promptdistill.specs.schema_from import request_schema, schema_location
 from promptdistill.specs.text import WORD
@@ -324,10 +324,9 @@ def _output_metric_errors(spec: "Spec") -> list[str]:
             errors.append("metric.function: a python metric needs its function, 'module:callable' "
                           "(for example 'metrics.args:score' for metrics/args.py in the project)")
         else:
-            try:
-                load_function(m.function, m.project_dir)
-            except SpecError as e:
-                errors.append(str(e))
+            problem = load_problem(m.function, m.project_dir)  # imported in a child process, within a bound
+            if problem:
+                errors.append(problem)
     elif m.function is not None:
         errors.append("metric.function: only a python metric calls a function; set metric.kind: python")
     if m.scores is not None and m.kind != "python":
@@ -373,9 +372,34 @@ def spec_errors(spec: "Spec") -> list[str]:
 # --- records: per-request schemas and the python metric ----------------------------------
 
 
+def _function_without_parameters(value: Any) -> str | None:
+    """Why ``value`` is a function definition with no ``parameters`` (None when it is not
+    one): read as a schema, ``{"name": ...}`` would accept any reply."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            return None
+    if not isinstance(value, dict):
+        return None
+    if value.get("type") == "function" and isinstance(value.get("function"), dict):
+        value, where = value["function"], "function.parameters"
+    elif "name" in value:
+        where = "parameters"
+    else:
+        return None
+    if "parameters" in value:
+        return None
+    return (f"a function definition without {where}: read as a schema it would accept any reply; give the "
+            "function's parameters (a JSON Schema object)")
+
+
 def _request_schema_problem(value: Any) -> str | None:
     """Why a ``schema_from`` value is not a usable JSON Schema (None when it is), with the
     path inside the value (``parameters.properties.unit.type``)."""
+    problem = _function_without_parameters(value)
+    if problem:
+        return problem
     try:
         location = schema_location(value, where="(value)")
         jsonschema.Draft202012Validator.check_schema(request_schema(value, where="(value)"))
@@ -410,7 +434,8 @@ def record_errors(spec: "Spec", rows: list[dict[str, Any]]) -> list[str]:
 
     With ``output.schema_from``: every record's schema value is a JSON Schema, or a
     function definition whose parameters are one (Python-style type names mapped, as
-    constrained decoding will get them): named with the path inside the value. (A python
+    constrained decoding will get them): named with the path inside the value. A function
+    definition without ``parameters`` is refused: read as a schema it accepts anything. (A python
     metric called on records is checked by ``load.validate_spec_file``: scoring imports the
     spec model, which imports this module.)
 

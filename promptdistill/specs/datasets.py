@@ -12,8 +12,8 @@ rendered; a python metric receives it as ``reference=`` and the rubric judge see
 ``datasets/x.jsonl:12: inputs.foo: not declared by the spec``.
 
 Lines are strict JSON: ``NaN`` and ``Infinity`` (which Python's parser accepts) are
-refused, and so are values nested deeper than ``MAX_DEPTH`` (a line of 200,000 brackets
-is an error on that line, not a RecursionError).
+refused, and so are lone surrogates (``"\\ud800"``: not text) and values nested deeper
+than ``MAX_DEPTH`` (a line of 200,000 brackets is an error on that line, not a RecursionError).
 
 No Parquet cache: it is not a win at this size. Loading a bundled 180-record file takes
 about 13 ms; reading a Parquet copy (inputs/expected as JSON columns, since nested dicts
@@ -24,11 +24,17 @@ of varying keys do not round-trip as Parquet structs) and decoding it took about
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
+import shutil
+import stat
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
@@ -38,8 +44,8 @@ from promptdistill.core.jsonio import NotJSONError, atomic_write, strict_json
 if TYPE_CHECKING:  # the spec model imports the checks that load datasets
     from promptdistill.specs.model import Spec
 
-__all__ = ["MAX_DEPTH", "SPLITS", "dataset_for", "dataset_hash", "load_dataset", "read_records", "records",
-           "write_records"]
+__all__ = ["LOCK_WAIT_S", "MAX_DEPTH", "SPLITS", "SURROGATE_PROBLEM", "dataset_for", "dataset_hash", "dataset_lock",
+           "load_dataset", "read_records", "records", "write_records"]
 
 SPLITS = ("train", "dev", "test")
 MAX_DEPTH = 64
@@ -48,6 +54,10 @@ _FIELDS = ("id", "split", "inputs")
 _OPTIONAL = ("expected", "meta", "reference")
 """A record without ``expected`` (or with ``null``) is label-free: the search scores
 replies against the baseline prompt's own reply (see :mod:`promptdistill.search.references`)."""
+SURROGATE_PROBLEM = "holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not text"
+"""Why a string with a lone surrogate is refused: no UTF-8 file, hash or prompt can carry it."""
+LOCK_WAIT_S = 60.0
+"""How long :func:`dataset_lock` waits for another holder by default, in seconds."""
 MAX_ERRORS_SHOWN = 20
 """A message lists this many of a file's problems (all are in the error's ``errors``)."""
 _CACHE: dict[tuple, pd.DataFrame] = {}
@@ -99,6 +109,10 @@ def _load_line(line: str) -> Any:
         raise NotJSONError(f"nested deeper than {MAX_DEPTH} levels") from None
     if _too_deep(value):
         raise NotJSONError(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotJSONError(SURROGATE_PROBLEM) from None
     return value
 
 
@@ -220,6 +234,70 @@ def dataset_hash(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def dataset_lock(path: str | os.PathLike[str], *, wait_s: float = LOCK_WAIT_S,
+                 on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold one dataset file's exclusive lock for a read-modify-replace (``datasets import``).
+
+    The lock is ``flock`` on ``.<name>.lock`` beside the file: the kernel releases it when
+    its holder dies, and the holder removes the file when done (a waiter that locked the
+    removed file tries again on the new one). Once it is held, the temporary files a
+    killed write of this dataset left (``.<name>.<hex>.tmp``, its backup's too) are removed.
+
+    Args:
+        wait_s: how long to wait for another holder.
+        on_wait: told once, in a sentence, when it has to wait.
+
+    Raises:
+        SpecError: another holder kept it for ``wait_s`` (nothing was written).
+    """
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline, told = time.monotonic() + wait_s, False
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise SpecError(f"{path}: another import of it has not finished after {wait_s:g} s (lock {lock}); "
+                                "nothing was written; run again when it ends, or wait longer (--wait)") from None
+            if on_wait is not None and not told:
+                on_wait(f"waiting for another import of {path} (up to {wait_s:g} s)")
+                told = True
+            time.sleep(0.02)
+            continue
+        if _is_current(fd, lock):
+            break
+        os.close(fd)  # its holder removed it as we opened it: lock the one there now
+    try:
+        _remove_stale_temporaries(path)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # still held here, so no one is locking the removed file in vain
+        os.close(fd)
+
+
+def _is_current(fd: int, lock: Path) -> bool:
+    try:
+        there = lock.stat()
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove a killed write's temporaries of ``path`` and of its backup, named as
+    ``core.jsonio.atomic_write`` names them (the lock is held: no live write owns them)."""
+    ours = re.compile(rf"\.{re.escape(path.name)}(?:\.bak)?\.[0-9a-f]{{12}}\.tmp")
+    for tmp in path.parent.iterdir():
+        if ours.fullmatch(tmp.name):
+            tmp.unlink(missing_ok=True)
+
+
 def write_records(path: str | os.PathLike[str], recs: Iterable[Mapping[str, Any]], *, backup: bool = False,
                   check: Callable[[Path], list[str]] | None = None) -> Path:
     """Write records as JSONL atomically (temp file, then rename). Validates each first.
@@ -228,7 +306,7 @@ def write_records(path: str | os.PathLike[str], recs: Iterable[Mapping[str, Any]
         path: the dataset file.
         recs: at least one record.
         backup: keep the file being replaced as ``<path>.bak`` (one backup: an older one is
-            overwritten).
+            overwritten). The replacement and the backup keep the replaced file's mode.
         check: called with the written temporary file before it replaces ``path``; the
             problems it returns (``file:line: field: reason``; the temporary file's name is
             shown as ``path``) stop the write and leave ``path`` as it was.
@@ -249,12 +327,21 @@ def write_records(path: str | os.PathLike[str], recs: Iterable[Mapping[str, Any]
     if not lines:
         raise SpecError(f"{path}: no records to write (the file is left as it was)")
 
+    # A file kept private (0600: production traffic) stays so, and so does its backup.
+    mode = stat.S_IMODE(path.stat().st_mode) if path.is_file() else None
+
+    def copy_to_backup(tmp: str) -> None:
+        shutil.copyfile(path, tmp)
+        os.chmod(tmp, mode)
+
     def write(tmp: str) -> None:
         Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8")
         problems = check(Path(tmp)) if check is not None else []
         if problems:
             _raise([p.replace(tmp, str(path)) for p in problems])
-        if backup and path.is_file():
-            atomic_write(path.with_name(path.name + ".bak"), path.read_bytes())
+        if mode is not None:
+            os.chmod(tmp, mode)
+            if backup:
+                atomic_write(path.with_name(path.name + ".bak"), copy_to_backup)
 
-    return atomic_write(path, write)  # honours the umask, unlike mkstemp
+    return atomic_write(path, write)  # a new file honours the umask, unlike mkstemp

@@ -11,8 +11,9 @@ The import is all or nothing: a repeated or missing id, a malformed line or a va
 is not JSON (NaN) is an error naming the input file, its line (row for Parquet) and
 column, and nothing is written. The result is checked as ``spec validate`` checks a
 dataset before it atomically replaces the file; the replaced file is kept as
-``<file>.bak``. ``append`` adds new rows to the existing records, which keep their lines,
-content and splits.
+``<file>.bak`` (both keep the replaced file's mode). ``append`` adds new rows to the
+existing records, which keep their lines, content and splits. The dataset is locked from
+the read to the replacement: concurrent imports of one dataset run one after the other.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from promptdistill.core.errors import SpecError, error_listing
 from promptdistill.core.jsonio import NotJSONError, canonical_json, to_json_value
 from promptdistill.specs.checks import read_yaml
-from promptdistill.specs.datasets import MAX_ERRORS_SHOWN, read_records, write_records
+from promptdistill.specs.datasets import (LOCK_WAIT_S, MAX_ERRORS_SHOWN, SURROGATE_PROBLEM, dataset_lock,
+                                          read_records, write_records)
 from promptdistill.specs.load import _dataset_errors, load_spec
 from promptdistill.specs.model import Spec, spec_from_dict
 
@@ -99,10 +101,25 @@ def _read_jsonl(path: Path) -> Table:
         if not isinstance(row, dict):
             errors.append(f"{path}:{n}: must be a JSON object of column -> value, got {type(row).__name__}")
             continue
+        broken = [c for c, v in row.items() if _lone_surrogate(c) or _lone_surrogate(v)]
+        if broken:
+            errors.append(f"{path}:{n}: column {broken[0]!r}: {SURROGATE_PROBLEM}")
+            continue
         rows.append((n, row))
     if errors:
         _raise(errors)
     return Table(path, rows, "line")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether ``value`` holds a lone surrogate (JSON's ``"\\ud800"``): a str UTF-8 cannot carry."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, TypeError, RecursionError):  # named per column later
+        return False
+    return False
 
 
 def _read_csv(path: Path) -> Table:
@@ -296,30 +313,42 @@ def spec_for_import(path_or_name: str | Path, *, prompts_dir: str | Path = "prom
 
 def import_file(file: str | Path, spec: Spec, *, out: str | Path | None = None, append: bool = False,
                 mapping: Mapping[str, str] | None = None, id_column: str | None = None,
-                expected_column: str | None = None, reference_columns: Sequence[str] = ()) -> tuple[Path, ImportReport]:
+                expected_column: str | None = None, reference_columns: Sequence[str] = (),
+                wait_s: float = LOCK_WAIT_S, on_wait: Callable[[str], None] | None = None) -> tuple[Path, ImportReport]:
     """Import ``file`` into ``out`` (default: the spec's dataset): checked, atomic, with one backup.
+
+    The dataset's lock (:func:`~promptdistill.specs.datasets.dataset_lock`) is held from
+    reading the existing records to replacing the file, so two imports of one dataset
+    never lose each other's rows: the second waits up to ``wait_s``, then fails.
 
     Args:
         append: keep the dataset's records and add the new rows (default: replace them).
+        wait_s, on_wait: how long to wait for another import of the same dataset, and
+            what to tell while waiting.
         (the rest as :func:`import_records`)
 
     Returns:
         The dataset file and the report; with nothing new to add the file is not touched.
 
     Raises:
-        SpecError: as :func:`import_records`; no usable row; an existing dataset that does
-            not load (``append``); or the result fails the checks of ``spec validate``
+        SpecError: as :func:`import_records`; no usable row; ``out`` is a folder; an
+            existing dataset that does not load (``append``); another import held the
+            dataset for ``wait_s``; or the result fails the checks of ``spec validate``
             (each as ``file:line: field: reason``). The dataset is then left as it was.
     """
     target = Path(out) if out is not None else spec.dataset
-    existing = read_records(target, declared_inputs=spec.inputs) if append and target.exists() else []
+    if target.is_dir():
+        raise SpecError(f"{target}: is a folder; name the dataset file to write (for example {target / 'NAME.jsonl'})")
     table = read_table(file)
-    new, report = import_records(table, spec, mapping=mapping, id_column=id_column, expected_column=expected_column,
-                                 reference_columns=reference_columns, existing=existing, dataset=str(target))
-    if not new:
-        if existing:
-            return target, report
-        raise SpecError(f"{file}: nothing imported: {report.sentence()}; {target} is left as it was")
-    write_records(target, [*existing, *new], backup=True,
-                  check=lambda tmp: _dataset_errors(spec.with_changes(dataset=tmp)))
+    with dataset_lock(target, wait_s=wait_s, on_wait=on_wait):
+        existing = read_records(target, declared_inputs=spec.inputs) if append and target.exists() else []
+        new, report = import_records(table, spec, mapping=mapping, id_column=id_column,
+                                     expected_column=expected_column, reference_columns=reference_columns,
+                                     existing=existing, dataset=str(target))
+        if not new:
+            if existing:
+                return target, report
+            raise SpecError(f"{file}: nothing imported: {report.sentence()}; {target} is left as it was")
+        write_records(target, [*existing, *new], backup=True,
+                      check=lambda tmp: _dataset_errors(spec.with_changes(dataset=tmp)))
     return target, report

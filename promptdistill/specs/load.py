@@ -9,14 +9,13 @@ reported as ``file: field: reason``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from promptdistill.core.errors import SpecError
 from promptdistill.specs.checks import METRIC_PROBE_RECORDS, read_spec_data, record_errors
 from promptdistill.specs.datasets import load_dataset, records
-from promptdistill.specs.metrics import expected_error, score_reply
+from promptdistill.specs.metrics import expected_error, metric_call_errors
 from promptdistill.specs.model import Spec, spec_error, spec_from_dict
 from promptdistill.specs.render import placeholders
 
@@ -55,22 +54,12 @@ def load_specs(prompts_dir: str | Path = "prompts") -> list[Spec]:
 
 
 def _metric_call_errors(spec: Spec, rows: list[dict[str, Any]]) -> list[str]:
-    """Call the python metric as scoring will, on the first ``METRIC_PROBE_RECORDS`` labelled
-    records with each record's expected output as the reply (its JSON text): it must return
-    a score in [0, 1] or None, and not raise."""
+    """Call the python metric as scoring will, at arm's length, on the first
+    ``METRIC_PROBE_RECORDS`` labelled records with each record's expected output as the
+    reply: it must return a score in [0, 1] or None, and not raise, hang or exit."""
     labelled = [r for r in rows if r["expected"] is not None][:METRIC_PROBE_RECORDS]
-    errors = []
-    for row in labelled:
-        try:
-            reply = json.dumps(row["expected"], ensure_ascii=False)
-            score_reply(spec.metric, reply, row["expected"], inputs=row["inputs"], record_id=row["id"],
-                        where=spec.where, reference=row.get("reference"))
-        except SpecError as e:  # MetricFunctionError: it raised or returned a non-score
-            errors.append(f"{e} (called with the record's expected output as the reply)")
-        except (SystemExit, KeyboardInterrupt) as e:  # the project's code must not end validation
-            errors.append(f"{spec.where}: metric.function {spec.metric.function}: record {row['id']!r}: raised "
-                          f"{type(e).__name__}({e}) (called with the record's expected output as the reply)")
-    return errors
+    return [f"{e} (called with the record's expected output as the reply)"
+            for e in metric_call_errors(spec.metric, labelled, where=spec.where)]
 
 
 def _dataset_errors(spec: Spec) -> list[str]:

@@ -30,22 +30,21 @@ that times out scores 0 (and is logged).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
 import logging
 import math
 import re
-from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping, Sequence
 
 import regex
 
+from promptdistill.core.errors import SpecError
 from promptdistill.specs.model import MetricSpec
-from promptdistill.specs.plugins import MetricFunctionError, check_score, load_function
+from promptdistill.specs.plugins import MetricFunctionError, run_isolated, score_with
 
-__all__ = ["PATTERN_TIMEOUT_S", "expected_error", "extract_answer", "last_number", "parse_reply", "pattern_matches",
-           "score_reply"]
+__all__ = ["PATTERN_TIMEOUT_S", "expected_error", "extract_answer", "last_number", "metric_call_errors", "parse_reply",
+           "pattern_matches", "score_reply"]
 
 logger = logging.getLogger("promptdistill.metrics")
 
@@ -234,32 +233,44 @@ def score_reply(
         return 0.0
 
 
-@lru_cache(maxsize=64)
-def _takes_reference(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` accepts a ``reference`` keyword (by name or through ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: call it the old way
-        return False
-    return any(p.kind is p.VAR_KEYWORD or (p.name == "reference" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-               for p in params)
+def _function_call(reply: Any, expected: Any, inputs: Mapping[str, Any], record_id: Any,
+                   reference: Any) -> dict[str, Any]:
+    text = reply if isinstance(reply, str) else ""
+    return {"record_id": record_id, "reply": text, "parsed": parse_reply(text), "expected": expected,
+            "inputs": dict(inputs), "reference": reference}
 
 
 def _score_with_function(metric: MetricSpec, reply: Any, expected: Any, inputs: Mapping[str, Any], record_id: Any,
                          where: str, reference: Any = None) -> float | None:
-    fn = load_function(metric.function, metric.project_dir)
-    text = reply if isinstance(reply, str) else ""
-    extra = {"reference": reference} if _takes_reference(fn) else {}
-    try:
-        value = fn(text, parse_reply(text), expected, dict(inputs), **extra)
-    except Exception as e:  # noqa: BLE001 - the project's code: any failure is reported as its own
-        raise MetricFunctionError(f"{where}: metric.function {metric.function}: record {record_id!r}: raised "
-                                  f"{type(e).__name__}: {e}") from None
-    score = check_score(value, function=metric.function, where=where, record_id=record_id)
-    if metric.scores == "binary" and score not in (None, 0.0, 1.0):
-        raise MetricFunctionError(f"{where}: metric.function {metric.function}: record {record_id!r}: returned "
-                                  f"{value!r}; metric.scores: binary allows only 0 and 1 (or None)")
+    call = _function_call(reply, expected, inputs, record_id, reference)
+    score = score_with(metric.function, metric.project_dir, call, where=where)
+    problem = _not_binary(metric, score, record_id, where)
+    if problem:
+        raise MetricFunctionError(problem)
     return score
+
+
+def _not_binary(metric: MetricSpec, score: float | None, record_id: Any, where: str) -> str | None:
+    """Why a score breaks ``metric.scores: binary`` (None: it does not)."""
+    if metric.scores == "binary" and score not in (None, 0.0, 1.0):
+        return (f"{where}: metric.function {metric.function}: record {record_id!r}: returned {score!r}; "
+                "metric.scores: binary allows only 0 and 1 (or None)")
+    return None
+
+
+def metric_call_errors(metric: MetricSpec, rows: Sequence[Mapping[str, Any]], *, where: str) -> list[str]:
+    """A python metric called at arm's length on ``rows`` (``id``, ``inputs``, ``expected``,
+    ``reference``), each with its own expected output as the reply (its JSON text), as
+    scoring will call it: the problems, each naming the spec, the function and the record
+    (see :func:`promptdistill.specs.plugins.run_isolated`)."""
+    calls = [_function_call(json.dumps(r["expected"], ensure_ascii=False), r["expected"], r["inputs"], r["id"],
+                            r.get("reference")) for r in rows]
+    try:
+        outcomes = run_isolated(metric.function, metric.project_dir, calls, where=where)
+    except SpecError as e:  # spec_errors has seen it load; it may have changed since
+        return [f"{where}: {e}"]
+    return [o.error or _not_binary(metric, o.score, r["id"], where) for o, r in zip(outcomes, rows)
+            if o.error or _not_binary(metric, o.score, r["id"], where)]
 
 
 def _score(metric: MetricSpec, reply: str, expected: Any, output_schema: Mapping[str, Any] | None) -> float:
