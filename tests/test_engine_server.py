@@ -8,7 +8,6 @@ import pytest
 
 from promptdistill.core.config import EngineConfig
 from promptdistill.engine import GenerationRequest
-from promptdistill.engine.launcher import VLLMServer
 from promptdistill.engine.server import ServerEngine
 from promptdistill.core.errors import EngineUnavailableError, PromptTooLongError
 
@@ -18,11 +17,10 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 
 @pytest.fixture(scope="module")
-def server_engine(model_dir, tokenizer):
+def server_engine(vllm_server, tokenizer):
+    """The session's shared server (conftest), through the server backend."""
     config = EngineConfig(max_model_len=2048)
-    with VLLMServer(model_dir, config, startup_timeout_s=420) as server:
-        engine = ServerEngine(replace(config, backend="server", server_urls=(server.url,), max_concurrency=4))
-        yield engine
+    return ServerEngine(replace(config, backend="server", server_urls=(vllm_server.url,), max_concurrency=4))
 
 
 def test_server_tokenizer_matches_the_local_one(server_engine, tokenizer):
