@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows = engine_rows(df, key)
             result["by_backend"][f"{rows['engine_backend'].iloc[0]} ({key})"] = evaluate(rows, args.seed)
     else:
-        config = ProfileConfig(points=args.points, repeats=args.repeats, budget_s=args.budget_s, seed=args.seed)
+        config = ProfileConfig(points=args.points, repeats=args.repeats, max_minutes=args.budget_s / 60.0, seed=args.seed)
         engine_config = load_settings().engine
         if not args.server_only:
             with load_engine(replace(engine_config, backend="local")) as engine:

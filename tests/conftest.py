@@ -56,7 +56,7 @@ def ttft_model(engine):
     # Short prompts (the optimizer's candidates have 200-600 tokens), no waiting for a quiet
     # CPU and no re-measuring: a small real model, fitted in bounded time on a shared machine.
     config = ProfileConfig(points=12, repeats=1, spec_records=0, density_probe_tokens=(), fewshot_probe=False,
-                           warmup=1, budget_s=900.0, max_tokens=640, max_retries=0, quiet_wait_s=0)
+                           warmup=1, max_minutes=15.0, max_tokens=640, max_retries=0, quiet_wait_s=0)
     profile = run_profile(engine, config, progress=False)
     return TTFTModel.from_fit(fit_models(profile.frame, n_splits=3, drop_contended=False), profile.frame)
 

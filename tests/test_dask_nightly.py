@@ -224,7 +224,7 @@ def night(workspace, servers):
     try:
         state = nightly(
             specs=SPECS, prompts_dir=str(workspace / "prompts"), dask="local", dask_workers=3,
-            ttft_budget=replace(smoke["ttft_budget"], points=10, minutes=12.0, keep_contended=True),
+            ttft_budget=replace(smoke["ttft_budget"], points=10, max_minutes=12.0, keep_contended=True),
             distill_instructions=False,
             budget=replace(smoke["budget"], max_minutes=1.0, max_lm_calls=80),
             selection=smoke["selection"], return_state=True,

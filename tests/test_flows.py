@@ -70,7 +70,7 @@ def _params(root: Path, specs: list[str]) -> dict:
         # `minutes` is a cap: an idle machine measures the whole design (~30 requests) in
         # about a minute; a shared, busy one needs longer to reach the 10 prompts a fit
         # needs, and keeps rows measured under contention.
-        ttft_budget=replace(smoke["ttft_budget"], points=10, minutes=12.0, keep_contended=True),
+        ttft_budget=replace(smoke["ttft_budget"], points=10, max_minutes=12.0, keep_contended=True),
         distill=replace(smoke["distill"], max_minutes=1.0, max_lm_calls=40),
         budget=replace(smoke["budget"], max_minutes=1.0, max_lm_calls=80),
         selection=smoke["selection"],

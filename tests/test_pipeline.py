@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import shutil
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -70,20 +71,43 @@ def prompts(tmp_path):
 
 # ------------------------------------------------------------------- budgets
 def test_ttft_budget_maps_onto_the_profiler_config():
-    config = budgets.TTFTBudget(points=5, repeats=1, spec_records=0, minutes=2, density_probe=False,
+    config = budgets.TTFTBudget(points=5, repeats=1, spec_records=0, max_minutes=2, density_probe_tokens=(),
                                  fewshot_probe=False).profile_config(prompts_dir="p", seed=3)
-    assert (config.points, config.repeats, config.spec_records, config.budget_s) == (5, 1, 0, 120.0)
+    assert (config.points, config.repeats, config.spec_records, config.max_minutes) == (5, 1, 0, 2)
     assert config.density_probe_tokens == () and config.fewshot_probe is False
     assert (config.prompts_dir, config.seed) == ("p", 3)
-    assert config.queue_batches and budgets.TTFTBudget(queue_probe=False).profile_config().queue_batches == ()
+    assert config.queue_batches and budgets.TTFTBudget(queue_batches=()).profile_config().queue_batches == ()
     assert budgets.budget_preset("quick")["ttft_budget"].profile_config().queue_batches == ()
-    # The matmul peak is the study's (bench/ttft_study), not the model's: a nightly refresh skips it.
-    assert not config.matmul_probe and budgets.TTFTBudget(matmul_probe=True).profile_config().matmul_probe
+    # The matmul peak is the study's (bench/ttft_study), not the model's: no preset's refresh measures it.
+    assert not any(budgets.budget_preset(name)["ttft_budget"].matmul_probe for name in budgets.BUDGET_PRESETS)
+
+
+def test_ttft_budget_declares_no_profile_knob_of_its_own():
+    """Each of its profile knobs is ProfileConfig's field: the same type, default, bounds and help."""
+    import dataclasses
+    import typing
+
+    from promptdistill.ttft.profile import ProfileConfig
+
+    profile = {f.name: f for f in dataclasses.fields(ProfileConfig)}
+    hints, profile_hints = typing.get_type_hints(budgets.TTFTBudget), typing.get_type_hints(ProfileConfig)
+    knobs = [f for f in dataclasses.fields(budgets.TTFTBudget) if f.name != "keep_contended"]
+    assert knobs and all(f.name in profile for f in knobs)
+    for f in knobs:
+        assert (f.default, f.metadata, hints[f.name]) == (profile[f.name].default, profile[f.name].metadata,
+                                                          profile_hints[f.name]), f.name
+    assert budgets.TTFTBudget().profile_config() == ProfileConfig().validate()
+
+
+def test_ttft_expected_minutes_grows_with_the_design_and_stops_at_the_safety_stop():
+    smoke, quick = (budgets.budget_preset(n)["ttft_budget"] for n in ("smoke", "quick"))
+    assert 0 < budgets.ttft_expected_minutes(smoke, 5) < budgets.ttft_expected_minutes(quick, 5) < quick.max_minutes
+    assert budgets.ttft_expected_minutes(replace(quick, max_minutes=0.5), 5) == 0.5
 
 
 def test_ttft_budget_refuses_bad_values_and_unknown_fields():
-    with pytest.raises(ValueError, match="minutes must be positive, got 0"):
-        budgets.TTFTBudget(minutes=0)
+    with pytest.raises(ValueError, match="max_minutes must be positive, got 0"):
+        budgets.TTFTBudget(max_minutes=0)
     with pytest.raises(ValueError, match="repeats must be at least 1, got 0"):
         budgets.TTFTBudget(repeats=0)
     with pytest.raises(TypeError, match="point"):
@@ -455,6 +479,48 @@ def test_a_summary_read_back_from_parquet_shows_the_same_as_the_row():
     assert report.version_label({**back, "version": float("nan")}) == "-"
 
 
+@pytest.mark.parametrize("ttft, line", [
+    ({"state": "fresh", "version": 2, "reason": "TTFT model 2 is 3.0 h old: fresh"},
+     "TTFT model: fresh (version 2): TTFT model 2 is 3.0 h old: fresh"),
+    ({"state": "stale", "version": 1, "reason": "TTFT model 1 is 200.0 h old; refresh FAILED (x), using the old model"},
+     "TTFT model: stale (version 1): TTFT model 1 is 200.0 h old; refresh FAILED (x), using the old model"),
+    ({"state": "none", "version": None, "reason": "no TTFT model for engine e and the refresh failed: x"},
+     "TTFT model: none: no TTFT model for engine e and the refresh failed: x"),
+    ({"refreshed": True, "version": 4, "reason": "refreshed: no TTFT model"},  # a summary from before states
+     "TTFT model: refreshed (version 4): refreshed: no TTFT model"),
+])
+def test_the_summary_states_the_ttft_models_state(ttft, line):
+    assert report.ttft_model_line(ttft) == line
+    assert line in report.nightly_report_markdown([report.failed_row("a", "boom")], ttft=ttft)
+
+
+def test_without_a_ttft_model_each_spec_stops_with_the_reason_before_any_work(monkeypatch):
+    """The night goes on to its specs without a TTFT model: each one's row is failed with the
+    reason, and no task (prepare, distill, optimize) runs for it."""
+    from types import SimpleNamespace
+
+    from promptdistill.flows import tasks
+
+    def no_task(*args, **kwargs):
+        raise AssertionError("no task may run without a TTFT model")
+
+    monkeypatch.setattr(tasks, "prepare_spec", SimpleNamespace(with_options=no_task))
+    reason = "no TTFT model for engine e1 and the refresh failed: RuntimeError: TTFT profile stopped at the safety stop"
+    ttft = ttft_models.after_failed_refresh(ttft_models.TTFTStatus("e1", True, "no TTFT model for engine e1"),
+                                            "RuntimeError: TTFT profile stopped at the safety stop")
+    assert ttft["reason"] == reason
+    settings = SimpleNamespace(engine=None, registry="reg")
+    engine = SimpleNamespace(identity=SimpleNamespace(key=lambda: "e1"))
+    common = tasks.spec_arguments(settings, engine, budgets.budget_preset("smoke"), ttft, seed=0,
+                                  allow_promotion=True, run_id="r1")
+    rows = [tasks.run_spec(f"prompts/{name}.yaml", **common) for name in ("ticket_triage", "summarize")]
+    assert [(r["template"], r["status"], r["error"]) for r in rows] == [
+        ("ticket_triage", "failed", reason), ("summarize", "failed", reason)]
+    # With a model, nothing stops the spec here.
+    assert tasks.spec_arguments(settings, engine, budgets.budget_preset("smoke"), {"state": "stale", "reason": "old"},
+                                seed=0, allow_promotion=True, run_id="r1")["no_ttft_model"] is None
+
+
 def test_markdown_reports(tmp_path):
     row = report.summary_row("ticket_triage", FIGURES, version=3, labels=["candidate"], promotion="gate passed")
     png = tmp_path / "p.png"
@@ -528,7 +594,7 @@ def test_budget_presets_build_the_flow_parameters(prompts):
     for stage in ("budget", "distill"):
         assert smoke[stage].max_lm_calls < quick[stage].max_lm_calls <= full[stage].max_lm_calls, stage
         assert smoke[stage].dev_size < quick[stage].dev_size <= full[stage].dev_size, stage
-    assert smoke["ttft_budget"].minutes < quick["ttft_budget"].minutes <= full["ttft_budget"].minutes
+    assert smoke["ttft_budget"].max_minutes < quick["ttft_budget"].max_minutes <= full["ttft_budget"].max_minutes
     assert quick["budget"].max_lm_calls <= OptimizeBudget().max_lm_calls
     with pytest.raises(ValueError, match="unknown budget preset 'huge'; known: smoke, quick, full"):
         budgets.budget_preset("huge")
@@ -710,7 +776,7 @@ def test_a_fresh_ttft_model_is_kept_without_a_refresh(registry, fitted):
     notes = _Notes()
     outcome = ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=None, refresh=refresh, logger=notes)
     assert outcome["refreshed"] is False and not outcome["needs_refresh"] and outcome["model_version"] == model.version
-    assert notes.lines == []
+    assert outcome["state"] == "fresh" and notes.lines == []
 
 
 def test_a_missing_ttft_model_is_refreshed_then_read_back(registry, fitted):
@@ -726,23 +792,24 @@ def test_a_missing_ttft_model_is_refreshed_then_read_back(registry, fitted):
     outcome = ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=24, refresh=refresh, logger=notes)
     assert len(seen) == 1 and seen[0].needs_refresh and seen[0].version is None
     assert outcome["refreshed"] is True and outcome["version"] == 1 and outcome["model_version"] == model.version
+    assert outcome["state"] == "refreshed"
     assert outcome["reason"] == f"refreshed: {seen[0].reason}"
     assert notes.lines == [("info", f"refreshing the TTFT model: {seen[0].reason}")]
 
 
 def test_a_failed_ttft_refresh_goes_on_with_the_old_model_or_stops_without_one(registry, fitted):
-    from promptdistill.core.errors import PromptDistillError
-
     def failing(status):
         return "EngineTimeoutError: too slow"
 
-    with pytest.raises(PromptDistillError, match="no TTFT model for engine .* refresh failed: EngineTimeoutError"):
-        ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=24, refresh=failing, logger=_Notes())
+    # No model to go on with: the run goes on without one, its state and reason say why.
+    none = ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=24, refresh=failing, logger=_Notes())
+    assert none["state"] == "none" and none["version"] is None and none["refreshed"] is False
+    assert re.fullmatch(r"no TTFT model for engine \S+ and the refresh failed: EngineTimeoutError: too slow", none["reason"])
     model, _ = fitted
     ttft_models.publish_ttft_model(registry, model)
     notes = _Notes()
     # A negative limit: the model just published is already too old.
     outcome = ttft_models.keep_ttft_model_fresh(registry, IDENTITY, max_age_hours=-1, refresh=failing, logger=notes)
-    assert outcome["refreshed"] is False and outcome["version"] == 1
+    assert outcome["refreshed"] is False and outcome["version"] == 1 and outcome["state"] == "stale"
     assert outcome["reason"].endswith("; refresh FAILED (EngineTimeoutError: too slow), using the old model")
     assert notes.lines[-1] == ("warning", f"TTFT: {outcome['reason']}")

@@ -34,9 +34,10 @@ DEFAULTS = {
                          screen_every=False, block_aligned=True, reply_reminder=True, feature_records=6, timing_records=3, formats=True, format_size=16),
     SelectionRule: dict(ttft="expected", warm_share=None, alpha=0.1, finalists=3, first_look=50,
                         allow_per_request_examples=False, verify_on_test=True),
-    TTFTBudget: dict(points=24, repeats=2, spec_records=2, minutes=6.0, density_probe=True, fewshot_probe=True,
-                     queue_probe=True, keep_contended=False, matmul_probe=False),
-    ProfileConfig: dict(points=40, repeats=3, budget_s=420.0, min_tokens=48, max_tokens=None,
+    TTFTBudget: dict(points=40, repeats=3, spec_records=2, max_minutes=30.0, density_probe_tokens=(256, 1024),
+                     fewshot_probe=True, queue_batches=((4, 384), (8, 768), (3, 1536)), matmul_probe=True,
+                     keep_contended=False),
+    ProfileConfig: dict(points=40, repeats=3, max_minutes=30.0, min_prompts=10, min_repeats=1, min_tokens=48, max_tokens=None,
                         density_probe_tokens=(256, 1024), fewshot_probe=True, spec_records=2,
                         ladder_tokens=(128, 256, 512, 1024, 2048), queue_batches=((4, 384), (8, 768), (3, 1536)),
                         matmul_probe=True, warmup=3, min_warm_static_tokens=160, new_tokens=1, max_retries=2,
@@ -75,9 +76,10 @@ BAD = [
     (SelectionRule, "warm_share", "0.5"), (SelectionRule, "alpha", 0.0), (SelectionRule, "alpha", 0.5),
     (SelectionRule, "finalists", 0), (SelectionRule, "first_look", 0),
     (TTFTBudget, "points", -1), (TTFTBudget, "repeats", 0), (TTFTBudget, "spec_records", -1),
-    (TTFTBudget, "minutes", 0), (TTFTBudget, "points", True),
+    (TTFTBudget, "max_minutes", 0), (TTFTBudget, "points", True),
     *[(ProfileConfig, name, -1) for name in ("points", "spec_records", "warmup")],
-    (ProfileConfig, "repeats", 0), (ProfileConfig, "budget_s", 0), (ProfileConfig, "min_tokens", 15),
+    (ProfileConfig, "repeats", 0), (ProfileConfig, "max_minutes", 0), (ProfileConfig, "min_tokens", 15),
+    (ProfileConfig, "min_prompts", 0), (ProfileConfig, "min_repeats", 0),
     (ProfileConfig, "queue_batches", ((0, 384),)), (ProfileConfig, "queue_batches", ((4, 15),)),
     (ProfileConfig, "density_probe_tokens", ("256",)),
 ]
@@ -96,8 +98,8 @@ GOOD = [
                           similar_counts=())),
     (SelectionRule, dict(ttft="cold", warm_share=0.0, alpha=0.01, finalists=1, first_look=1)),
     (SelectionRule, dict(ttft="warm", warm_share=1.0)),
-    (TTFTBudget, dict(points=0, repeats=1, spec_records=0, minutes=0.5)),
-    (ProfileConfig, dict(points=0, spec_records=0, warmup=0, repeats=1, budget_s=0.1, min_tokens=16,
+    (TTFTBudget, dict(points=0, repeats=1, spec_records=0, max_minutes=0.5)),
+    (ProfileConfig, dict(points=0, spec_records=0, warmup=0, repeats=1, max_minutes=0.1, min_tokens=16, min_prompts=1,
                          queue_batches=(), max_tokens=300, density_probe_tokens=())),
 ]
 
@@ -125,7 +127,7 @@ FLAGS = [
     *[(["optimize"], flag, SelectionRule, name) for flag, name in (
         ("--alpha", "alpha"), ("--finalists", "finalists"), ("--ttft", "ttft"))],
     *[(["ttft", "profile"], flag, ProfileConfig, name) for flag, name in (
-        ("--points", "points"), ("--repeats", "repeats"), ("--budget-s", "budget_s"),
+        ("--points", "points"), ("--repeats", "repeats"), ("--max-minutes", "max_minutes"),
         ("--spec-records", "spec_records"), ("--density-probe-tokens", "density_probe_tokens"),
         ("--ladder-tokens", "ladder_tokens"), ("--max-retries", "max_retries"), ("--quiet-wait-s", "quiet_wait_s"),
         ("--seed", "seed"))],

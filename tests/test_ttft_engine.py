@@ -21,7 +21,7 @@ pytestmark = pytest.mark.engine
 # No waiting for a quiet CPU and no re-measuring here: the test checks the protocol, not
 # accuracy, and on a shared machine waiting and retries would make its cost unbounded.
 SMALL = ProfileConfig(
-    points=6, repeats=2, budget_s=1800, max_tokens=400, density_probe_tokens=(256,), spec_records=1, warmup=2,
+    points=6, repeats=2, max_minutes=30, max_tokens=400, density_probe_tokens=(256,), spec_records=1, warmup=2,
     max_retries=0, quiet_wait_s=0, seed=1,
 )
 
@@ -124,12 +124,13 @@ def test_stored_model_round_trips_exactly_and_other_engines_are_refused(profile,
         TTFTModel.from_files(other.to_files()).check_engine(engine.identity)
 
 
-def test_budget_stops_cleanly_and_keeps_what_was_measured(engine, tmp_path):
-    config = dataclasses.replace(SMALL, points=3, spec_records=0, density_probe_tokens=(), warmup=0, budget_s=5.0)
+def test_the_safety_stop_stops_cleanly_and_keeps_what_was_measured(engine, tmp_path):
+    config = dataclasses.replace(SMALL, points=3, spec_records=0, density_probe_tokens=(), warmup=0, max_minutes=5 / 60)
     prompts = plan_prompts(engine, config)
     ticks = itertools.count(0.0, 1.0)  # each clock reading advances one "second"
     result = run_profile(engine, config, out=tmp_path / "p.parquet", progress=False, prompts=prompts, clock=lambda: next(ticks))
-    assert result.stopped == "budget"
+    assert result.stopped == "max_minutes" and not result.minimum_met
+    assert result.note.startswith("TTFT profile stopped at the safety stop of ")
     assert 0 < len(result.frame) < result.planned_units
     assert len(pd.read_parquet(tmp_path / "p.parquet")) == len(result.frame)
 

@@ -89,7 +89,7 @@ def _max_tokens(path: Any) -> int | None:
 def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     """Run the flow with the progress display on ``terminal``; returns (outcome, final state)."""
     from promptdistill.flows.nightly import nightly
-    from promptdistill.pipeline.budgets import expected_minutes, stage_settings
+    from promptdistill.pipeline.budgets import expected_minutes, stage_settings, ttft_expected_minutes
     from promptdistill.pipeline.console import ProgressDisplay, RunProgress, listening, plan_night
     from promptdistill.pipeline.jobs import select_spec_files
     from promptdistill.pipeline.ttft_models import TTFTFreshness
@@ -99,7 +99,9 @@ def _run(args: argparse.Namespace, terminal: Any) -> tuple[Any, Any]:
     specs = [s.strip() for s in args.specs.split(",") if s.strip()] if args.specs else None
     reply_tokens = {p.stem: _max_tokens(p) for p in select_spec_files(args.prompts_dir, specs)}
     distill, budget = params["distill"], params["budget"]
-    steps = plan_night(list(reply_tokens), ttft_minutes=params["ttft_budget"].minutes,
+    # The profile draws on every spec in the folder, not only the night's.
+    ttft_minutes = ttft_expected_minutes(params["ttft_budget"], len(select_spec_files(args.prompts_dir, None)))
+    steps = plan_night(list(reply_tokens), ttft_minutes=ttft_minutes,
                        distill_minutes=None if distill is None else
                        {name: expected_minutes("distill", distill.max_lm_calls, distill.max_minutes, tokens)
                         for name, tokens in reply_tokens.items()},
@@ -149,7 +151,7 @@ def _report(outcome: Any, state: Any, registry: str, log_path: Path | None) -> i
     """Print the summary table, the night report's path and what failed; the exit code."""
     from promptdistill.core.errors import PromptDistillError
     from promptdistill.pipeline.jobs import SpecsFailedError
-    from promptdistill.pipeline.report import format_summary_table
+    from promptdistill.pipeline.report import format_summary_table, ttft_model_line
 
     summary = outcome.summary if isinstance(outcome, SpecsFailedError) else outcome
     see_log = f" (details in {log_path})" if log_path is not None else ""
@@ -160,7 +162,7 @@ def _report(outcome: Any, state: Any, registry: str, log_path: Path | None) -> i
         print(f"nightly ended {state.name}: {reason}{see_log}", file=sys.stderr)
         return 1
     print(format_summary_table(summary["rows"]))
-    print(f"\nTTFT model: {summary['ttft'].get('reason', '')}")
+    print(f"\n{ttft_model_line(summary['ttft'])}")
     print(f"registry: {registry} (run logs under runs/{summary['run_id']}); load a template with "
           f"`Templates({registry!r}).get('NAME@production')`")
     if summary.get("report"):

@@ -24,7 +24,7 @@ __all__ = ["register"]
 PROFILES_DIR = "artifacts/ttft/profiles"
 REPORT_DIR = "artifacts/ttft"
 PROFILE = "promptdistill.ttft.profile:ProfileConfig"
-PROFILE_FLAGS = {"--points": "points", "--repeats": "repeats", "--budget-s": "budget_s", "--max-tokens": "max_tokens",
+PROFILE_FLAGS = {"--points": "points", "--repeats": "repeats", "--max-minutes": "max_minutes", "--max-tokens": "max_tokens",
                  "--spec-records": "spec_records", "--density-probe-tokens": "density_probe_tokens",
                  "--ladder-tokens": "ladder_tokens", "--max-retries": "max_retries", "--quiet-wait-s": "quiet_wait_s",
                  "--seed": "seed"}
@@ -114,6 +114,8 @@ def _profile(args: argparse.Namespace) -> int:
     summary = {
         "path": str(result.path) if result.path else None,
         "stopped": result.stopped,
+        "minimum_met": result.minimum_met,
+        "note": result.note,
         "measurements": int(len(frame)),
         "planned": result.planned_units,
         "contended": int(frame["contended"].sum()) if len(frame) else 0,

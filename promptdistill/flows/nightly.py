@@ -4,7 +4,9 @@ The outline (each step a task run in the Prefect UI):
 
 1. start the engine once for the run (or reuse the process's);
 2. TTFT model: refresh it when there is none for this engine identity or it is older
-   than ``ttft_max_age_hours`` (``pipeline.ttft_models.ttft_status``);
+   than ``ttft_max_age_hours`` (``pipeline.ttft_models.ttft_status``); when the refresh
+   fails, go on with the last model for this engine (``stale``), or without one let each
+   spec stop with the reason (the night never fails whole before its specs);
 3. per spec (one at a time on an in-process engine; side by side with ``parallel=True``
    on the flow's task runner, or with ``dask=...`` on Dask worker processes, a
    ``nightly-specs`` subflow): prepare (validate, hash), distill and optimize (each cached

@@ -141,13 +141,19 @@ def engine_slot(config: EngineConfig, engine: Any) -> Any:
 # ------------------------------------------------------------------ TTFT model
 @task(name="measure-ttft", cache_policy=NO_CACHE, **ENGINE_RETRIES)
 def measure_ttft(engine_config: EngineConfig, budget: TTFTBudget, prompts_dir: str, seed: int, out_dir: str) -> str:
-    """Profile the engine; returns the measurements' Parquet path."""
+    """Profile the engine; returns the measurements' Parquet path.
+
+    Raises:
+        RuntimeError: the profile stopped short of the prompts the fit needs; the message
+            has its figures (how many rows, how many contended, how many prompts).
+    """
     engine = shared_engine(engine_config)
     with engine_slot(engine_config, engine):
         result = run_profile(engine, budget.profile_config(prompts_dir=prompts_dir, seed=seed), out=out_dir, progress=False)
-    if result.path is None:
-        raise RuntimeError(f"the TTFT profile measured nothing (stopped: {result.stopped}); raise the budget's minutes")
-    get_run_logger().info("measured %d rows in %.0f s (%s) -> %s", len(result.frame), result.elapsed_s, result.stopped, result.path)
+    if not result.minimum_met or result.path is None:
+        raise RuntimeError(result.note)
+    logger = get_run_logger()
+    (logger.info if result.stopped == "complete" else logger.warning)("%s -> %s", result.note, result.path)
     return str(result.path)
 
 
@@ -291,6 +297,7 @@ def spec_arguments(settings: Settings, engine: Any, stages: dict[str, Any], ttft
     the stages' settings, the engine, the TTFT model the run uses, and ``run`` (seed, run id...)."""
     return dict(engine_config=settings.engine, engine_key=engine.identity.key(), budget=stages["budget"],
                 selection=stages["selection"], distill=stages["distill"], ttft_version=ttft.get("model_version"),
+                no_ttft_model=ttft["reason"] if ttft.get("state") == "none" else None,
                 registry_root=settings.registry, **run)
 
 
@@ -310,11 +317,14 @@ def run_spec(path: str, **kwargs: Any) -> dict[str, Any]:
 
 def _run_spec(path: str, steps: SpecSteps, *, engine_config: EngineConfig, engine_key: str, budget: OptimizeBudget,
               selection: SelectionRule, distill: DistillConfig | None, seed: int, ttft_version: str | None,
-              registry_root: str, allow_promotion: bool, run_id: str) -> dict[str, Any]:
+              no_ttft_model: str | None, registry_root: str, allow_promotion: bool, run_id: str) -> dict[str, Any]:
     """The chain's tasks; what each did goes to the spec's :class:`SpecOutcome`, which makes
-    its row, and to its :class:`SpecSteps`, which tell the progress display."""
+    its row, and to its :class:`SpecSteps`, which tell the progress display. Without a TTFT
+    model (``no_ttft_model``: why) the spec stops before any work, with that reason."""
     stem = Path(path).stem
     steps.begin("distill" if distill is not None else "optimize")
+    if no_ttft_model is not None:
+        return steps.failed(SpecOutcome(stem).failed(no_ttft_model))
     state = prepare_spec.with_options(task_run_name=f"prepare-{stem}")(path, return_state=True)
     if not state.is_completed():
         return steps.failed(SpecOutcome(stem).failed(_error(state)))

@@ -6,7 +6,7 @@ stages' own configs (``ProfileConfig``, ``DistillConfig``, ``OptimizeBudget``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,39 +17,51 @@ from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.presets import BUDGET_PRESETS
 from promptdistill.ttft.profile import ProfileConfig
 
-__all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "expected_minutes", "seconds_per_lm_call", "stage_settings", "task_timeout_s"]
+__all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "expected_minutes", "seconds_per_lm_call", "stage_settings",
+           "task_timeout_s", "ttft_expected_minutes"]
+
+
+def _profile_knob(name: str) -> Any:
+    """A ``ProfileConfig`` setting as a ``TTFTBudget`` field: its declaration (default, bounds, help) reused."""
+    declared = {f.name: f for f in fields(ProfileConfig)}[name]
+    return field(default=declared.default, metadata=declared.metadata)
 
 
 @dataclass(frozen=True)
 class TTFTBudget:
-    """How much profiling a TTFT refresh may do (the profiler's cost knobs)."""
+    """How much a TTFT refresh measures: the profiler's knobs, declared (with their defaults)
+    on ``ProfileConfig``, and whether the fit keeps contended rows. The presets set their own
+    values in ``budget_preset``."""
 
-    points: int = setting(24, "Latin-hypercube sweep points (each cold, and warm when possible)", at_least=0)
-    repeats: int = setting(2, "rounds over the whole design", at_least=1)
-    spec_records: int = setting(2, "records per spec profiled as it renders", at_least=0)
-    minutes: float = setting(6.0, "stop measuring after this long (rows so far are kept)", above=0)
-    density_probe: bool = setting(True, "measure the density probe (fixed tokens, varied density)")
-    fewshot_probe: bool = setting(True, "measure the few-shot probe (0/1/4/8 examples)")
-    queue_probe: bool = setting(True, "measure the queue probe (groups of requests sent together; in-process only). "
-                                "The nightly's decisions price requests alone, as a server profile does")
+    points: int = _profile_knob("points")
+    repeats: int = _profile_knob("repeats")
+    spec_records: int = _profile_knob("spec_records")
+    max_minutes: float = _profile_knob("max_minutes")
+    density_probe_tokens: tuple[int, ...] = _profile_knob("density_probe_tokens")
+    fewshot_probe: bool = _profile_knob("fewshot_probe")
+    queue_batches: tuple[tuple[int, int], ...] = _profile_knob("queue_batches")
+    matmul_probe: bool = _profile_knob("matmul_probe")
     keep_contended: bool = setting(False, "fit on rows measured while other work took the CPU too (by default they "
-                                   "are left out; keep them on a machine that is never idle)")
-    matmul_probe: bool = setting(False, "measure the machine's matmul peak before and after (about 10 s each and "
-                                 "a wait for a quiet CPU): only the TTFT study reads it, not the model")
+                                   "are left out while 10 quiet prompts remain; keep them on a machine that is "
+                                   "never idle)")
 
     def __post_init__(self) -> None:
         check(self)
 
     def profile_config(self, *, prompts_dir: str | Path = "prompts", seed: int = 0) -> ProfileConfig:
         """The profiler's ``ProfileConfig`` for this budget."""
-        kwargs: dict[str, Any] = dict(points=self.points, repeats=self.repeats, spec_records=self.spec_records,
-                                      budget_s=self.minutes * 60.0, fewshot_probe=self.fewshot_probe,
-                                      matmul_probe=self.matmul_probe, prompts_dir=str(prompts_dir), seed=seed)
-        if not self.density_probe:
-            kwargs["density_probe_tokens"] = ()
-        if not self.queue_probe:
-            kwargs["queue_batches"] = ()
-        return ProfileConfig(**kwargs).validate()
+        knobs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "keep_contended"}
+        return ProfileConfig(**knobs, prompts_dir=str(prompts_dir), seed=seed).validate()
+
+
+def ttft_expected_minutes(budget: TTFTBudget, specs: int) -> float:
+    """A TTFT refresh's expected length on an idle 2-core CPU, for the progress display only:
+    its planned measurements (half the sweep and spec points also warm; the design's five
+    ladder sizes and four densities per probe size) at about a second each (the default design
+    measured 301 rows in 360 s), at most the safety stop."""
+    per_round = (1.5 * budget.points + 4 * len(budget.density_probe_tokens) + 4 * budget.fewshot_probe
+                 + 1.5 * 2 * specs * budget.spec_records + 5 + sum(n for n, _ in budget.queue_batches))
+    return min(budget.max_minutes, budget.repeats * per_round / 60.0)
 
 
 def seconds_per_lm_call(max_tokens: int | None) -> float:
@@ -93,13 +105,16 @@ def budget_preset(name: str) -> dict[str, Any]:
         ValueError: an unknown preset name.
     """
     if name == "full":
-        return {"ttft_budget": TTFTBudget(), "distill": DistillConfig(race=False), "budget": OptimizeBudget(),
+        return {"ttft_budget": TTFTBudget(points=24, repeats=2, matmul_probe=False),
+                "distill": DistillConfig(race=False), "budget": OptimizeBudget(),
                 "selection": SelectionRule()}
     if name == "quick":
         return {
             # No queue probe: its 30 requests took 100 of a 241-second profile, and no decision
             # prices a queue (held-out error without them 3.8-3.9% against 2.9-5.1% with them).
-            "ttft_budget": TTFTBudget(points=24, repeats=2, spec_records=2, minutes=4.5, queue_probe=False),
+            # The profile is sized in measurements (about 2 minutes on an idle machine); its
+            # minutes are a safety stop, so a busy machine measures the same design, later.
+            "ttft_budget": TTFTBudget(points=24, repeats=2, max_minutes=20.0, queue_batches=(), matmul_probe=False),
             "distill": DistillConfig(screen_size=16, dev_size=1000, test_size=0, max_rounds=1, max_lm_calls=300,
                                      max_minutes=10.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
                                      finalists=1, race=False),
@@ -119,8 +134,8 @@ def budget_preset(name: str) -> dict[str, Any]:
         }
     if name == "smoke":
         return {
-            "ttft_budget": TTFTBudget(points=8, repeats=1, spec_records=1, minutes=4.0, density_probe=False,
-                                      fewshot_probe=False),
+            "ttft_budget": TTFTBudget(points=8, repeats=1, spec_records=1, max_minutes=10.0, density_probe_tokens=(),
+                                      fewshot_probe=False, matmul_probe=False),
             "distill": DistillConfig(screen_size=4, dev_size=12, test_size=0, max_rounds=1, max_lm_calls=60,
                                      max_minutes=5.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
                                      judge_examples=1, finalists=1, race=False),

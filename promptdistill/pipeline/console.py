@@ -180,7 +180,7 @@ def plan_night(specs: Sequence[str], *, ttft_minutes: float, distill_minutes: Ma
 
     Args:
         specs: the spec names, in the order the flow runs them.
-        ttft_minutes: the TTFT profile's budget (the step is skipped when the model is fresh).
+        ttft_minutes: the TTFT profile's expected minutes (the step is skipped when the model is fresh).
         distill_minutes: the distiller's expected minutes per spec (specs differ tenfold in
             reply length); None: no distill step.
         optimize_minutes: the optimizer's expected minutes per spec.

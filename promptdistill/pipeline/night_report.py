@@ -38,6 +38,7 @@ from promptdistill.pipeline.report import (
     format_ttft,
     format_ttft_diff,
     png_data_uri,
+    ttft_model_line,
     version_label,
 )
 from promptdistill.pipeline.stages import stage_dir
@@ -289,7 +290,7 @@ def render_night_report(night: Night) -> str:
     ttft = night.ttft
     lead = [done_line(night.rows)]
     if ttft:
-        lead.append(f"TTFT model: {ttft.get('reason', '')}" + (" (refreshed tonight)" if ttft.get("refreshed") else ""))
+        lead.append(ttft_model_line(ttft))
     notes = "".join(f"<p class='muted small'>{_e(n)}</p>" for n in night.notes)
     return "\n".join([
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",

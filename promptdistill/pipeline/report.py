@@ -35,6 +35,7 @@ __all__ = [
     "spec_report_markdown",
     "summary_frame",
     "summary_row",
+    "ttft_model_line",
     "ttft_report_markdown",
     "ttft_score_rows",
     "version_label",
@@ -276,8 +277,7 @@ def nightly_report_markdown(
     failed = [r for r in rows if r["status"] == "failed"]
     lines = [f"# Nightly prompt optimization{f' ({run_id})' if run_id else ''}", "", done_line(rows)]
     if ttft:
-        refreshed = f" (refreshed: version {ttft['version']})" if ttft.get("refreshed") else ""
-        lines.append(f"TTFT model: {ttft.get('reason', '')}{refreshed}")
+        lines.append(ttft_model_line(ttft))
     lines += ["", *markdown_table(_SUMMARY_HEADER, map(_summary_cells, rows))]
     if failed:
         lines += ["", "## Failed", ""] + [f"- **{r['template']}**: {r['error']}" for r in failed]
@@ -291,6 +291,19 @@ def nightly_report_markdown(
 
 
 # ------------------------------------------------------------------- TTFT model
+def ttft_model_line(ttft: Mapping[str, Any]) -> str:
+    """The run's TTFT model in one line: its state (``pipeline.ttft_models.TTFT_STATES``:
+    fresh, refreshed, stale, none), its registry version and why.
+
+    Example:
+        >>> ttft_model_line({"state": "stale", "version": 3, "reason": "refresh FAILED (...)"})
+        'TTFT model: stale (version 3): refresh FAILED (...)'
+    """
+    state = ttft.get("state") or ("refreshed" if ttft.get("refreshed") else "fresh")
+    version = f" (version {ttft['version']})" if ttft.get("version") is not None and state != "none" else ""
+    return f"TTFT model: {state}{version}: {ttft.get('reason', '')}"
+
+
 def ttft_score_rows(fit: Any) -> list[dict[str, Any]]:
     """One row per TTFT model candidate: CV and held-out scores, monotonicity, chosen."""
     rows = []

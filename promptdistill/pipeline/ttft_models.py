@@ -13,9 +13,11 @@ there; ``promptdistill optimize`` and the nightly load from there.
   which nothing here imports);
 * :func:`load_ttft_model`, :func:`ttft_figure`: read it back;
 * :func:`after_failed_refresh`: the rule when a refresh fails (go on with the old model,
-  or stop when there is none);
+  or, when there is none, no model: each spec then stops with the reason);
 * :func:`keep_ttft_model_fresh`: the run's sequence (status, refresh when stale, status
   again, or the rule above), the refresh itself passed in by the flow.
+
+A run's model has a ``state`` (:data:`TTFT_STATES`), which its summary states.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import pandas as pd
 
-from promptdistill.core.errors import IntegrityError, PromptDistillError, TemplateNotFoundError
+from promptdistill.core.errors import IntegrityError, TemplateNotFoundError
 from promptdistill.core.jsonio import atomic_write, json_safe
 from promptdistill.core.settings import check, setting
 from promptdistill.engine.base import EngineIdentity
@@ -41,6 +43,7 @@ from promptdistill.ttft.noise import noise_floor
 
 __all__ = [
     "TTFT_ARTIFACT_KIND",
+    "TTFT_STATES",
     "TTFTFreshness",
     "TTFTStatus",
     "after_failed_refresh",
@@ -55,6 +58,13 @@ __all__ = [
 
 TTFT_ARTIFACT_KIND = "ttft-model"
 """Registry artifact kind of fitted TTFT models; the artifact name is the engine key."""
+TTFT_STATES = {
+    "fresh": "the registry's model, young enough",
+    "refreshed": "measured and fitted in this run",
+    "stale": "the refresh failed: the last model for this engine, however old",
+    "none": "no model for this engine and the refresh failed: every spec stops with the reason",
+}
+"""What a run's TTFT model is (``state`` in :func:`keep_ttft_model_fresh`'s answer)."""
 NOISE_FLOOR_BOOT = 200
 """Bootstrap resamples of the noise floor's intervals at each fit (about a second)."""
 
@@ -286,14 +296,13 @@ def _model_card(model: TTFTModel, fit: FitResult, record: Any, noise: Mapping[st
 
 
 def after_failed_refresh(status: TTFTStatus, error: str) -> dict[str, Any]:
-    """What a run does when refreshing the TTFT model failed: go on with the old model.
-
-    Raises:
-        PromptDistillError: there is no older model for this engine, so the run cannot go on.
-    """
+    """What a run does when refreshing the TTFT model failed: go on with the old model
+    (state ``stale``), or, when this engine has none, with no model (state ``none``): the
+    run goes on to say so per spec rather than fail whole."""
     if status.version is None:
-        raise PromptDistillError(f"no TTFT model for engine {status.engine_key} and the refresh failed: {error}")
-    return {**status.to_dict(), "refreshed": False,
+        return {**status.to_dict(), "refreshed": False, "state": "none",
+                "reason": f"no TTFT model for engine {status.engine_key} and the refresh failed: {error}"}
+    return {**status.to_dict(), "refreshed": False, "state": "stale",
             "reason": f"{status.reason}; refresh FAILED ({error}), using the old model"}
 
 
@@ -319,19 +328,18 @@ def keep_ttft_model_fresh(registry: Registry, identity: EngineIdentity, *, max_a
         logger: told why a refresh starts (info) and when one failed (warning).
 
     Returns:
-        The model's status as a dict, with ``refreshed`` and (after a refresh) its reason.
-
-    Raises:
-        PromptDistillError: the refresh failed and there is no older model to go on with.
+        The model's status as a dict, with ``refreshed``, its ``state`` (:data:`TTFT_STATES`)
+        and (after a refresh) its reason. Never raises for a failed refresh: without a model
+        the state is ``none`` and the reason says why.
     """
     status = ttft_status(registry, identity, max_age_hours=max_age_hours)
     if not status.needs_refresh:
-        return {**status.to_dict(), "refreshed": False}
+        return {**status.to_dict(), "refreshed": False, "state": "fresh"}
     logger.info("refreshing the TTFT model: %s", status.reason)
     error = refresh(status)
     if error is None:
         after = ttft_status(registry, identity, max_age_hours=None)
-        return {**after.to_dict(), "refreshed": True, "reason": f"refreshed: {status.reason}"}
+        return {**after.to_dict(), "refreshed": True, "state": "refreshed", "reason": f"refreshed: {status.reason}"}
     outcome = after_failed_refresh(status, error)
     logger.warning("TTFT: %s", outcome["reason"])
     return outcome

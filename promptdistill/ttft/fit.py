@@ -44,6 +44,7 @@ from promptdistill.ttft.noise import repeat_key
 
 __all__ = [
     "FitResult",
+    "MIN_FIT_PROMPTS",
     "check_frame",
     "engine_rows",
     "fit_models",
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 REQUIRED_COLUMNS = (*BASE_FEATURES, "ttft_ms", "prompt_id")
+MIN_FIT_PROMPTS = 10
+"""Distinct prompts with a usable TTFT a fit needs (grouped cross-validation and a held-out
+split by prompt); the profiler measures until it has them (``ProfileConfig.min_prompts``)."""
 OPTIONAL_INPUTS = {"tokens_ahead": 0.0, "batch_tokens": 0.0}
 """Model inputs a profile may lack (older profiles; rows of requests sent alone)."""
 
@@ -142,11 +146,11 @@ def check_frame(
         "rows_used": int(len(out)),
         "prompts_used": int(out["prompt_id"].nunique()),
     }
-    if out["prompt_id"].nunique() < 10:
+    if out["prompt_id"].nunique() < MIN_FIT_PROMPTS:
         raise ValueError(
             f"{where}: only {out['prompt_id'].nunique()} distinct prompts with a usable TTFT "
             f"({counts['rows_failed']} failed, {counts['rows_contended']} contended rows left out); "
-            "fitting needs at least 10 (run a larger profile)"
+            f"fitting needs at least {MIN_FIT_PROMPTS} (run a larger profile)"
         )
     return out, counts
 

@@ -1,17 +1,21 @@
 """One measurement of the TTFT profile: a prompt alone (cold or warm), or a queue group.
 
 Split from :mod:`promptdistill.ttft.profile`, whose docstring describes the protocol;
-this module holds the units, the measuring of one unit, its rows, and the progress bar.
+this module holds the units, the measuring of one unit, its rows, what the measurements
+so far cover (``Coverage``: the profile's stopping rule), and the progress bar.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from statistics import median
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -33,7 +37,7 @@ from promptdistill.ttft.hardware import (
     process_tree_cpu_s,
 )
 
-__all__ = ["Unit", "measure_unit", "progress_bar", "row", "units"]
+__all__ = ["Coverage", "Unit", "measure_unit", "progress_bar", "row", "units"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,91 @@ def units(prompts: Sequence[BuiltPrompt], config: Any) -> list[Unit]:
         rng.shuffle(shuffled)
         order += [Unit(r, group, warm) for group, warm in shuffled]
     return order
+
+
+@dataclass
+class Coverage:
+    """What the measurements so far give the fit: the profile measures until ``met``.
+
+    A prompt counts once it has ``min_repeats`` successful measurements (a TTFT, no
+    error). Contended ones count too: the profile retries them (a bounded number of
+    times), and the fit keeps such rows when too few quiet ones remain, so on a machine
+    that is never idle the minimum is still reached. ``clean_prompts`` tells how many
+    prompts have that many quiet measurements.
+
+    Example:
+        >>> cov = Coverage(min_prompts=10, min_repeats=1)
+        >>> cov.add(unit.prompts, measured, contended=False)   # doctest: +SKIP
+        >>> cov.met, cov.shortfall(plan)                        # doctest: +SKIP
+    """
+
+    min_prompts: int
+    min_repeats: int
+    measured: Counter = field(default_factory=Counter)
+    """prompt id -> successful measurements, contended ones included."""
+    clean: Counter = field(default_factory=Counter)
+    """prompt id -> successful measurements taken while the machine was quiet."""
+    rows: int = 0
+    failed: int = 0
+    contended: int = 0
+    contended_shares: list[float] = field(default_factory=list)
+    """Other processes' CPU share during each contended measurement."""
+
+    def add(self, prompts: Sequence[BuiltPrompt], measured: Sequence[dict[str, Any]], contended: bool) -> None:
+        """Count one attempt's rows (one per prompt of the unit)."""
+        for built, values in zip(prompts, measured):
+            self.rows += 1
+            ttft = values.get("ttft_ms")
+            # The rows the fit can use (``fit.check_frame``): a positive TTFT and no error.
+            if values.get("error") is not None or ttft is None or not math.isfinite(ttft) or ttft <= 0:
+                self.failed += 1
+                continue
+            self.measured[built.prompt_id] += 1
+            if contended:
+                self.contended += 1
+                share = values.get("foreign_cpu_share")
+                if share is not None and math.isfinite(share):
+                    self.contended_shares.append(float(share))
+            else:
+                self.clean[built.prompt_id] += 1
+
+    def prompts(self) -> int:
+        """Prompts with at least ``min_repeats`` successful measurements."""
+        return sum(1 for n in self.measured.values() if n >= self.min_repeats)
+
+    def clean_prompts(self) -> int:
+        """Prompts with at least ``min_repeats`` quiet measurements."""
+        return sum(1 for n in self.clean.values() if n >= self.min_repeats)
+
+    @property
+    def met(self) -> bool:
+        return self.prompts() >= self.min_prompts
+
+    def shortfall(self, plan: Sequence[Unit], round_no: int) -> list[Unit]:
+        """Units to measure again until the minimum is met: one per prompt still short of
+        ``min_repeats`` (its first unit alone in the plan, cold before warm), as round
+        ``round_no``; empty when the minimum is met or the plan has no such prompt."""
+        if self.met:
+            return []
+        chosen: dict[str, Unit] = {}
+        for unit in sorted((u for u in plan if len(u.prompts) == 1), key=lambda u: u.warm):
+            pid = unit.prompts[0].prompt_id
+            if pid not in chosen and self.measured[pid] < self.min_repeats:
+                chosen[pid] = Unit(round_no, unit.prompts, unit.warm)
+        return list(chosen.values())
+
+    def describe(self) -> str:
+        """The figures in words: rows, contention, and prompts against the minimum."""
+        contention = ""
+        if self.contended:
+            contention = (f", {self.contended} measured while other processes took the CPU (a median "
+                          f"{median(self.contended_shares):.0%} of it)" if self.contended_shares
+                          else f", {self.contended} measured under contention")
+        failed = f", {self.failed} failed" if self.failed else ""
+        quiet = f" ({self.clean_prompts()} on a quiet machine)" if self.contended else ""
+        repeats = "" if self.min_repeats == 1 else f" {self.min_repeats} times"
+        return (f"{self.rows} measurements{contention}{failed}; {self.prompts()} prompts measured{repeats}{quiet}, "
+                f"of the {self.min_prompts} the fit needs")
 
 
 def measure_unit(engine: Engine, unit: Unit, config: Any, can_reset: bool,
@@ -149,14 +238,14 @@ def row(run_id: str, seq: int, unit_no: int, unit: Unit, attempt: int, built: Bu
 class _Bar:
     """A rich progress bar on stderr (or nothing)."""
 
-    def __init__(self, enabled: bool, total: int, summary: dict[str, Any], budget_s: float):
+    def __init__(self, enabled: bool, total: int, summary: dict[str, Any], max_minutes: float):
         self._progress = None
         if not enabled:
             return
         console = Console(file=sys.stderr)
         console.print(
             f"TTFT profile: {summary['prompts']} prompts, {total} measurements planned, "
-            f"{summary['total_tokens'][0]}-{summary['total_tokens'][1]} tokens, budget {budget_s:.0f} s"
+            f"{summary['total_tokens'][0]}-{summary['total_tokens'][1]} tokens, safety stop at {max_minutes:g} min"
         )
         self._progress = Progress(
             TextColumn("measuring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -175,5 +264,5 @@ class _Bar:
             self._progress.stop()
 
 
-def progress_bar(enabled: bool, total: int, summary: dict[str, Any], budget_s: float) -> _Bar:
-    return _Bar(enabled, total, summary, budget_s)
+def progress_bar(enabled: bool, total: int, summary: dict[str, Any], max_minutes: float) -> _Bar:
+    return _Bar(enabled, total, summary, max_minutes)

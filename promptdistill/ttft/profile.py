@@ -36,10 +36,21 @@ up to ``max_retries`` times. Before the first measurement, and after a contended
 profiler also waits (up to ``quiet_wait_s``, sleeping, so it adds no load) for a
 half-second in which the others stay under that share (``QuietGate``: after an
 uncontended measurement the machine was just seen quiet, and a window before every
-measurement made up 40% of a quick profile: 96 s of 241). Every attempt is kept as a row;
-fitting leaves out flagged rows and says how many. Through a server, its processes'
-CPU time counts as ours when their ids are given (``own_pids``: the server and its
-engine core); otherwise, and on machines without ``/proc/stat``, nothing is checked.
+measurement made up 40% of a quick profile: 96 s of 241). A wait that runs out marks the
+machine busy: until a measurement comes out quiet, or ``BUSY_RECHECK_WAITS`` waits' time
+has passed, the profiler neither waits nor measures again (either would only cost time on
+a machine that is never idle). Every attempt is kept as a row; fitting leaves out flagged
+rows and says how many (and keeps them when too few quiet prompts remain). Through a
+server, its processes' CPU time counts as ours when their ids are given (``own_pids``: the
+server and its engine core); otherwise, and on machines without ``/proc/stat``, nothing is
+checked.
+
+Size. A profile is sized in measurements, not seconds: it measures the whole design, then,
+while fewer than ``min_prompts`` prompts have ``min_repeats`` successful measurements (the
+fit needs 10 prompts), it measures those prompts again (``Coverage``), as long as a pass
+adds one. ``max_minutes`` is only a safety stop; the result says why the profile stopped
+and what it had measured by then (``ProfileResult.note``). A busy machine measures the
+same design, later.
 """
 
 from __future__ import annotations
@@ -72,16 +83,18 @@ from promptdistill.ttft.engine_info import (
     engine_model_flops,
     mechanics_columns,
 )
+from promptdistill.ttft.fit import MIN_FIT_PROMPTS
 from promptdistill.ttft.hardware import (
     machine_busy_s,
     measure_matmul_peak,
     wait_for_quiet,
 )
-from promptdistill.ttft.measure import measure_unit, progress_bar
+from promptdistill.ttft.measure import Coverage, measure_unit, progress_bar
 from promptdistill.ttft.measure import row as make_row
 from promptdistill.ttft.measure import units as plan_units
 
 __all__ = [
+    "BUSY_RECHECK_WAITS",
     "ProfileConfig",
     "ProfileResult",
     "QuietGate",
@@ -95,13 +108,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    """What to measure and how much it may cost. Defaults take about 7 minutes here."""
+    """What to measure, and the least the fit needs. Defaults take about 7 minutes on an idle 2-core machine."""
 
     points: int = setting(40, "Latin-hypercube sweep points (each measured cold, and warm when its static part "
                           "allows)", at_least=0)
     repeats: int = setting(3, "rounds over the whole design (the noise floor needs at least 2)", at_least=1)
-    budget_s: float = setting(420.0, "stop cleanly (keeping every row measured) once this many seconds have passed",
-                              above=0)
+    max_minutes: float = setting(30.0, "safety stop: end the profile after this many minutes even when the design or "
+                                 "the minimum is not all measured (every row so far is kept; the result says why)",
+                                 above=0)
+    min_prompts: int = setting(MIN_FIT_PROMPTS, "after the design, measure again the prompts still short until this "
+                               "many have min_repeats successful measurements (the fit needs 10)", at_least=1)
+    min_repeats: int = setting(1, "successful measurements a prompt needs to count towards min_prompts", at_least=1)
     min_tokens: int = setting(48, "shortest sweep prompt", at_least=16)
     max_tokens: int | None = setting(None, "longest sweep prompt; unset: the engine's context limit minus a margin")
     density_probe_tokens: tuple[int, ...] = setting((256, 1024), "token counts of the density probe (fixed tokens, "
@@ -141,10 +158,14 @@ class ProfileResult:
     frame: pd.DataFrame
     path: Path | None
     stopped: str
-    """'complete', 'budget' or 'interrupted'."""
+    """'complete', 'max_minutes' (the safety stop) or 'interrupted'."""
     planned_units: int
     elapsed_s: float
     info: dict[str, Any] = field(default_factory=dict)
+    minimum_met: bool = True
+    """At least ``min_prompts`` prompts have ``min_repeats`` successful measurements."""
+    note: str = ""
+    """How the profile ended, with its figures (rows, contention, prompts against the minimum)."""
 
 
 def identity_columns(engine: Engine) -> dict[str, Any]:
@@ -208,7 +229,7 @@ def run_profile(
 
     Args:
         engine: the engine to profile (its identity is stamped on every row).
-        config: sweep size and budget.
+        config: the design's size, the minimum the fit needs, the safety stop.
         out: a ``.parquet`` file, or a folder (a file named after the run is made in it);
             None: keep the frame in memory only.
         progress: a progress bar on stderr.
@@ -217,7 +238,8 @@ def run_profile(
             and its children), so contention can be told apart from the engine's work.
 
     Returns:
-        The frame (one row per measurement), where it was written, and why it stopped.
+        The frame (one row per measurement), where it was written, why it stopped and
+        whether the fit's minimum was met (``note`` says both with the figures).
         Ctrl-C stops cleanly too: what was measured is written before returning.
     """
     config = (config or ProfileConfig()).validate()
@@ -235,14 +257,32 @@ def run_profile(
     stopped = "complete"
     for i in range(config.warmup):  # discarded: first requests pay one-off costs
         engine.generate([GenerationRequest(messages=prompts[i % len(prompts)].messages, max_tokens=1)])
-    bar = progress_bar(progress, len(units), summarize_points(prompts), config.budget_s)
+    bar = progress_bar(progress, len(units), summarize_points(prompts), config.max_minutes)
     gate = QuietGate(lambda: wait_for_quiet(config.quiet_wait_s, config.max_foreign_cpu_share, own_pids=own),
-                     enabled=check_contention and config.quiet_wait_s > 0)
+                     enabled=check_contention and config.quiet_wait_s > 0,
+                     recheck_s=BUSY_RECHECK_WAITS * config.quiet_wait_s, clock=clock)
+    coverage = Coverage(config.min_prompts, config.min_repeats)
+    top_ups = 0
+
+    def out_of_time() -> bool:
+        return clock() - started > config.max_minutes * 60.0
+
     try:
-        for unit_no, unit in enumerate(units):
-            if clock() - started > config.budget_s:
-                stopped = "budget"
+        pending, unit_no, last_prompts = list(units), 0, 0
+        while True:
+            if not pending:
+                # The design is measured: measure again the prompts still short of the minimum,
+                # as long as the last pass brought one more prompt to it.
+                before = coverage.prompts()
+                pending = coverage.shortfall(units, config.repeats + top_ups)
+                if not pending or (top_ups and before == last_prompts):
+                    break
+                top_ups, last_prompts = top_ups + 1, before
+                continue
+            if out_of_time():
+                stopped = "max_minutes"
                 break
+            unit = pending.pop(0)
             for attempt in range(config.max_retries + 1):
                 gate.before()
                 measured = measure_unit(engine, unit, config, can_reset, own)
@@ -250,21 +290,25 @@ def run_profile(
                 gate.after(contended)
                 for built, values in zip(unit.prompts, measured):
                     rows.append(make_row(run_id, len(rows), unit_no, unit, attempt, built, values, contended, constant))
-                if not contended or clock() - started > config.budget_s:
+                coverage.add(unit.prompts, measured, contended)
+                # On a busy machine a retry would only be contended again.
+                if not contended or gate.busy or out_of_time():
                     break
             bar.advance(measured[-1]["ttft_ms"], unit.warm, contended)
+            unit_no += 1
     except KeyboardInterrupt:
         stopped = "interrupted"
     finally:
         bar.close()
         if stopped != "interrupted":
             peaks.append(_peak(config, own))
-        # Whatever stopped the run (the budget, Ctrl-C, an engine crash), keep what was measured.
+        # Whatever stopped the run (the safety stop, Ctrl-C, an engine crash), keep what was measured.
         frame = pd.DataFrame(rows)
         if not frame.empty:
             frame = frame.assign(**_peak_columns(peaks))
         if path is not None and not frame.empty:
             write_parquet(path, frame)
+    elapsed = clock() - started
     queue = "measured" if any(p.point.batch_id for p in prompts) else (
         "not planned" if _in_process(engine) else "left out: over HTTP the arrival order and engine step are not observable")
     return ProfileResult(
@@ -272,28 +316,66 @@ def run_profile(
         path=path if not frame.empty else None,
         stopped=stopped,
         planned_units=len(units),
-        elapsed_s=clock() - started,
+        elapsed_s=elapsed,
         info={"cold_method": "reset" if can_reset else "nonce", "queue_probe": queue,
-              "matmul_gflops": [round(p.gflops, 1) for p in peaks if p is not None], **summarize_points(prompts)},
+              "matmul_gflops": [round(p.gflops, 1) for p in peaks if p is not None], "top_up_passes": top_ups,
+              "busy_waits": gate.timed_out, **summarize_points(prompts)},
+        minimum_met=coverage.met,
+        note=_stop_note(stopped, coverage, elapsed, config, gate.timed_out),
     )
+
+
+def _stop_note(stopped: str, coverage: Coverage, elapsed_s: float, config: ProfileConfig, busy_waits: int) -> str:
+    """Why the profile ended and what it had measured by then, in one sentence."""
+    how = {"complete": "measured the design" if coverage.met else "measured the design and the prompts short again",
+           "max_minutes": f"stopped at the safety stop of {config.max_minutes:g} minutes",
+           "interrupted": "interrupted"}[stopped]
+    busy = (f"; the machine stayed busy through {busy_waits} wait(s) of {config.quiet_wait_s:g} s for a quiet CPU"
+            if busy_waits else "")
+    return f"TTFT profile {how} in {elapsed_s:.0f} s: {coverage.describe()}{busy}"
+
+
+BUSY_RECHECK_WAITS = 6
+"""On a machine found busy (a wait for a quiet CPU ran out), the next wait comes after this
+many waits' time: at most a seventh of the profile goes to waiting."""
 
 
 @dataclass
 class QuietGate:
     """Waits for a quiet CPU before a measurement only when the machine was last seen busy:
     before the first measurement and after a contended one. An uncontended measurement has
-    just shown the machine quiet, so waiting again would only sleep a window per row."""
+    just shown the machine quiet, so waiting again would only sleep a window per row.
+
+    A wait that runs out (``wait`` returns False) marks the machine ``busy`` for
+    ``recheck_s``: no waits meanwhile, and the profiler does not retry contended
+    measurements; a quiet measurement ends it early."""
 
     wait: Callable[[], Any]
     enabled: bool = True
+    recheck_s: float = 0.0
+    clock: Callable[[], float] = time.monotonic
     quiet: bool = False
+    busy_until: float | None = None
+    timed_out: int = 0
+    """Waits that ran out without a quiet window."""
+
+    @property
+    def busy(self) -> bool:
+        return self.busy_until is not None and self.clock() < self.busy_until
 
     def before(self) -> None:
-        if self.enabled and not self.quiet:
-            self.wait()
+        if not self.enabled or self.quiet or self.busy:
+            return
+        if self.wait() is False:
+            self.timed_out += 1
+            self.busy_until = self.clock() + self.recheck_s
+        else:
+            self.busy_until = None
 
     def after(self, contended: bool) -> None:
         self.quiet = not contended
+        if self.quiet:
+            self.busy_until = None
 
 
 def _machine_columns(engine: Engine) -> dict[str, Any]:
