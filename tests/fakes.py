@@ -13,7 +13,10 @@ something works on the real engine.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from promptdistill.engine.base import (
     Engine,
@@ -248,3 +251,29 @@ class FakeDriftingEngine(FakeEngine):
             self.log.append(req)
             results.append(result)
         return results
+
+
+def synthetic_load_cells(noise: float = 0.0, seed: int = 0, cached_ms: float = 0.02) -> list[dict]:
+    """Load profile cells from a queueing law (prefill 0.4 ms/token, decode 8 ms/token shared) with noise."""
+    rng = np.random.default_rng(seed)
+    cells = []
+    for pid, (u, k, g) in enumerate([(100, 0, 10), (400, 64, 20), (900, 256, 15), (200, 0, 80), (1500, 512, 30),
+                                     (600, 128, 60), (300, 32, 40), (1100, 0, 25)]):
+        solo = 20 + 0.4 * u + cached_ms * k  # cached_ms: what a cached prompt token still costs (attention)
+        s = (0.0004 * u + cached_ms / 1000 * k + 0.004 * g + 0.01)
+        for rep in range(2):
+            for c in (1, 8, 32):
+                p95 = solo * (1 + 0.35 * (c - 1) ** 0.8 * (1 + g / 60))
+                cells.append({"prompt_id": f"p{pid}", "load_kind": "concurrency", "load_value": c, "repeat": rep,
+                              "uncached_tokens": u, "cached_tokens": k, "completion_tokens": g,
+                              "ttft_ms": p95 * math.exp(noise * rng.normal()), "throughput_rps":
+                                  (1 / s) * min(1.0, c / 8) * math.exp(noise * rng.normal())})
+            for r in (2.0, 5.0):
+                rho = r * s
+                if rho >= 0.97:
+                    continue
+                p95 = solo + 3.0 * s * 1000 * rho / (1 - rho)
+                cells.append({"prompt_id": f"p{pid}", "load_kind": "rate", "load_value": r, "repeat": rep,
+                              "uncached_tokens": u, "cached_tokens": k, "completion_tokens": g,
+                              "ttft_ms": p95 * math.exp(noise * rng.normal())})
+    return cells

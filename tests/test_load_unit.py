@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from fakes import synthetic_load_cells
 from promptdistill.core.errors import SpecError
 from promptdistill.load.fit import load_error_table, noise_floor
 from promptdistill.load.model import LoadTTFTModel
@@ -134,34 +135,8 @@ def test_sustainable_rate_interpolates_the_crossing_and_brackets_it():
 
 
 # -- the load TTFT model --------------------------------------------------------------------
-def _synthetic_cells(noise: float = 0.0, seed: int = 0) -> list[dict]:
-    """Cells from a queueing law (prefill 0.4 ms/token, decode 8 ms/token shared) with noise."""
-    rng = np.random.default_rng(seed)
-    cells = []
-    for pid, (u, k, g) in enumerate([(100, 0, 10), (400, 64, 20), (900, 256, 15), (200, 0, 80), (1500, 512, 30),
-                                     (600, 128, 60), (300, 32, 40), (1100, 0, 25)]):
-        solo = 20 + 0.4 * u
-        s = (0.0004 * u + 0.00002 * k + 0.004 * g + 0.01)
-        for rep in range(2):
-            for c in (1, 8, 32):
-                p95 = solo * (1 + 0.35 * (c - 1) ** 0.8 * (1 + g / 60))
-                cells.append({"prompt_id": f"p{pid}", "load_kind": "concurrency", "load_value": c, "repeat": rep,
-                              "uncached_tokens": u, "cached_tokens": k, "completion_tokens": g,
-                              "ttft_ms": p95 * math.exp(noise * rng.normal()), "throughput_rps":
-                                  (1 / s) * min(1.0, c / 8) * math.exp(noise * rng.normal())})
-            for r in (2.0, 5.0):
-                rho = r * s
-                if rho >= 0.97:
-                    continue
-                p95 = solo + 3.0 * s * 1000 * rho / (1 - rho)
-                cells.append({"prompt_id": f"p{pid}", "load_kind": "rate", "load_value": r, "repeat": rep,
-                              "uncached_tokens": u, "cached_tokens": k, "completion_tokens": g,
-                              "ttft_ms": p95 * math.exp(noise * rng.normal())})
-    return cells
-
-
 def test_the_load_model_learns_capacity_and_predicts_held_out_prompts():
-    cells = _synthetic_cells(noise=0.05)
+    cells = synthetic_load_cells(noise=0.05)
     model = LoadTTFTModel().fit(cells)
     x = {"uncached_tokens": 400, "cached_tokens": 64, "completion_tokens": 20}
     assert model.seconds_per_request(x) == pytest.approx(0.0004 * 400 + 0.00002 * 64 + 0.004 * 20 + 0.01, rel=0.2)
@@ -176,10 +151,10 @@ def test_held_out_error_reaches_the_noise_floor_when_the_law_is_in_the_models_fa
     # Percentiles drawn from a fitted model's own law, with 5% multiplicative noise per run:
     # a correct fit and leave-one-prompt-out evaluation must land near the floor, and the
     # floor must read the noise (E|a - b| / sqrt(2) of two lognormal runs: 0.05 * 2 / sqrt(pi)).
-    law = LoadTTFTModel().fit(_synthetic_cells())
+    law = LoadTTFTModel().fit(synthetic_load_cells())
     rng = np.random.default_rng(4)
     cells = [dict(c, ttft_ms=law.predict_one(c, c["load_kind"], c["load_value"]) * math.exp(0.05 * rng.normal()))
-             for c in _synthetic_cells()]
+             for c in synthetic_load_cells()]
     table = {r["load"]: r for r in load_error_table(cells)}
     for name in ("concurrency 8", "concurrency 32"):
         assert table[name]["floor"] == pytest.approx(0.05 * 2 / math.sqrt(math.pi), rel=0.5), table[name]
@@ -192,7 +167,7 @@ def test_held_out_error_reaches_the_noise_floor_when_the_law_is_in_the_models_fa
 def test_the_load_model_round_trips_as_json_and_refuses_before_fit():
     import json
 
-    model = LoadTTFTModel().fit(_synthetic_cells())
+    model = LoadTTFTModel().fit(synthetic_load_cells())
     again = LoadTTFTModel.from_dict(json.loads(json.dumps(model.to_dict())))
     x = {"uncached_tokens": 333, "cached_tokens": 64, "completion_tokens": 33}
     assert again.predict_one(x, "rate", 2.0) == model.predict_one(x, "rate", 2.0)
@@ -203,7 +178,7 @@ def test_the_load_model_round_trips_as_json_and_refuses_before_fit():
 
 
 def test_predicted_sustainable_rate_is_where_the_percentile_meets_the_target():
-    model = LoadTTFTModel().fit(_synthetic_cells())
+    model = LoadTTFTModel().fit(synthetic_load_cells())
     x = {"uncached_tokens": 400, "cached_tokens": 64, "completion_tokens": 20}
     target = model.predict_one(x, "rate", 2.0) * 1.5
     rate = model.sustainable_rate(x, target)
@@ -212,8 +187,8 @@ def test_predicted_sustainable_rate_is_where_the_percentile_meets_the_target():
 
 
 def test_noise_floor_of_identical_repeats_is_zero_and_grows_with_noise():
-    quiet = noise_floor(_synthetic_cells(noise=0.0))
-    noisy = noise_floor(_synthetic_cells(noise=0.1))
+    quiet = noise_floor(synthetic_load_cells(noise=0.0))
+    noisy = noise_floor(synthetic_load_cells(noise=0.1))
     assert all(v == 0 for per in quiet.values() for vs in per.values() for v in vs)
     assert np.mean([v for per in noisy.values() for vs in per.values() for v in vs]) > 0.03
 

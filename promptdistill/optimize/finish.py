@@ -61,7 +61,8 @@ def candidate_rows(run: OptimizeRun, winner_id: str) -> pd.DataFrame:
             "warm_cached_tokens": p.get("warm_cached_tokens"), "fewshot_tokens": p.get("fewshot_tokens"),
             "longest_prompt_tokens": p.get("longest_prompt_tokens"),
             "ttft_cold_ms": p.get("ttft_cold_ms"), "ttft_warm_ms": p.get("ttft_warm_ms"),
-            "ttft_expected_ms": p.get("ttft_expected_ms"),
+            "ttft_expected_ms": p.get("ttft_expected_ms"), "ttft_load_ms": p.get("ttft_load_ms"),
+            "load_reply_tokens": p.get("load_reply_tokens"), "load_utilization": p.get("load_utilization"),
             "screen_n": c.screen.n if c.screen else 0, "screen_quality": c.screen.mean if c.screen else None,
             "screen_diff": float(screen_diffs.mean()) if screen_diffs.size else None,
             "race_n": c.raced.n if c.raced else 0, "quality": c.mean,
@@ -75,7 +76,7 @@ def candidate_rows(run: OptimizeRun, winner_id: str) -> pd.DataFrame:
             "is_winner": c.id == winner_id, "notes": "; ".join(c.notes),
         })
     df = pd.DataFrame(rows)
-    cost = f"ttft_{run.rule.ttft}_ms"
+    cost = run.cost_column
     df["pareto"] = pareto_mask(df["screen_quality"].astype(float).to_numpy(), df[cost].astype(float).to_numpy())
     return df
 
@@ -265,7 +266,7 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     winner_fig.update({"max_tokens": tb.max_tokens, "truncation_rate": tb.truncation_rate, "format": fmt})
     baseline_fig["max_tokens"] = run.spec.max_tokens
     df = candidate_rows(run, winner.id)
-    cost = f"ttft_{run.rule.ttft}_ms"
+    cost = run.cost_column
     pareto = df[df["pareto"]].sort_values([cost, "screen_quality"], ascending=[True, False]).reset_index(drop=True)
     real = getattr(run.outer, "real_calls", None)
     return OptimizationResult(
@@ -325,7 +326,10 @@ def _provenance(run: OptimizeRun, winner: ExampleCandidate, final_spec: Spec, re
                     "test_ids_sha": _ids_hash(run.splits.test), **run.splits.sizes()},
         "judges": {name: run.runner.definition(name).version for name in sorted(judges)},
         "ttft_model": {"version": model.version, "name": model.name, "kind": model.kind,
-                       "engine_key": model.engine_identity.key(), "relative_error": run.resolution_rel},
+                       "engine_key": model.engine_identity.key(), "relative_error": model.relative_error},
+        "latency": run.latency, "resolution": run.resolution_rel,
+        "load": None if run.load is None else {"load": run.load.load.to_dict(), "percentile": run.load.percentile,
+                                               "relative_error": run.load.relative_error},
         "candidate": {"id": winner.id, "variant": winner.variant, "strategy": winner.strategy, "k": winner.k,
                       "example_ids": [str(r["id"]) for r in winner.examples],
                       "decision": winner.decision.to_dict()},

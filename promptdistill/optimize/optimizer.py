@@ -25,6 +25,7 @@ def optimize(
     selection: SelectionRule = SelectionRule(),
     timing_engine: Engine | None = None,
     judge_engine: Engine | None = None,
+    load_pricing: Any = None,
 ) -> OptimizationResult:
     """Tune few-shot examples and instruction density of ``spec``; verify the winner on test.
 
@@ -38,12 +39,15 @@ def optimize(
         selection: the rule that picks the winner.
         timing_engine: where TTFT is measured (default: the engine behind a cache).
         judge_engine: where judge calls go (default: ``engine``).
+        load_pricing: a ``LoadPricing`` for a spec that declares ``slo.load``: its predicted
+            percentile at that load is then the cost (required for such a spec).
 
     Returns:
         An ``OptimizationResult`` with the publishable template, the figures, the Pareto
         table and the candidate log.
     """
-    run = OptimizeRun(engine, spec, ttft_model, budget, seed, selection, distill_candidates, timing_engine, judge_engine)
+    run = OptimizeRun(engine, spec, ttft_model, budget, seed, selection, distill_candidates, timing_engine, judge_engine,
+                      load_pricing)
     run.evaluate_baseline()
     fixed = run.choose_fixed_sets()
     run.grid = run.build_grid(fixed)

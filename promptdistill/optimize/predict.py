@@ -20,17 +20,19 @@ which is the trade-off against a fixed, cacheable example set.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from promptdistill.engine.base import Engine
-from promptdistill.specs.model import Spec
+from promptdistill.specs.model import Load, Slo, Spec
 from promptdistill.ttft.engine_info import engine_block_size
 from promptdistill.ttft.estimators import warm_cached_tokens
 from promptdistill.ttft.features import prompt_features
 
-__all__ = ["DEFAULT_BLOCK_TOKENS", "MIN_TTFT_MS", "TTFTPrediction", "clip_ttft", "predict_candidate", "prefix_block_tokens", "warm_cached_tokens"]
+__all__ = ["DEFAULT_BLOCK_TOKENS", "MIN_TTFT_MS", "LoadPricing", "TTFTPrediction", "clip_ttft", "predict_candidate", "prefix_block_tokens", "warm_cached_tokens"]
 
 DEFAULT_BLOCK_TOKENS = 16
 """vLLM's default KV block size (GPU builds), for an engine that does not say its own."""
@@ -112,3 +114,56 @@ def predict_candidate(
         semantic_density=mean("semantic_density"), max_total_tokens=int(max(f["total_tokens"] for f, *_ in rows)),
         n_prompts=len(rows), clipped_predictions=clipped,
     )
+
+
+@dataclass(frozen=True)
+class LoadPricing:
+    """A candidate's latency at the spec's declared load (``slo.load``): the load TTFT
+    model's percentile for its prompt features and reply length.
+
+    Built by :meth:`from_model` with the model's held-out error at that load kind as the
+    resolution, so a difference the model cannot tell apart is a tie, as for solo TTFT.
+    """
+
+    model: Any
+    """A fitted ``promptdistill.load.model.LoadTTFTModel``."""
+    load: Load
+    percentile: float
+    relative_error: float
+    """The model's held-out error (MAPE) at the profiled load nearest the declared one."""
+
+    @classmethod
+    def from_model(cls, model: Any, slo: Slo, errors: Sequence[Mapping[str, Any]] = ()) -> "LoadPricing":
+        """``errors``: the model's held-out error table (``load.fit.load_error_table``);
+        without it the error is unknown and taken as 0.25 (a wide tie, never a false "faster")."""
+        if slo.load is None:
+            raise ValueError("LoadPricing needs a spec that declares slo.load")
+        same = [e for e in errors if e.get("load_kind") == slo.load.kind and e.get("mape") is not None]
+        nearest = min(same, key=lambda e: abs(math.log(float(e["load_value"]) / slo.load.value)), default=None)
+        return cls(model, slo.load, slo.ttft_percentile, float(nearest["mape"]) if nearest else UNKNOWN_LOAD_ERROR)
+
+    @property
+    def latency(self) -> str:
+        """The latency that decides, as reasons name it: 'P95 TTFT at 4 req/s'."""
+        return f"P{self.percentile:g} TTFT at {self.load.describe()}"
+
+    def price(self, prediction: Mapping[str, Any], completion_tokens: float) -> float:
+        """The predicted percentile (ms) for a candidate's mean prediction features; ``inf``
+        when the template cannot sustain the load at all."""
+        cached = float(prediction["warm_cached_tokens"])
+        x = {"uncached_tokens": float(prediction["total_tokens"]) - cached, "cached_tokens": cached,
+             "completion_tokens": float(completion_tokens)}
+        return float(self.model.predict_one(x, self.load.kind, self.load.value))
+
+    def utilization(self, prediction: Mapping[str, Any], completion_tokens: float) -> float | None:
+        """Predicted engine utilization at a rate (None for a concurrency)."""
+        if self.load.rate_rps is None:
+            return None
+        cached = float(prediction["warm_cached_tokens"])
+        x = {"uncached_tokens": float(prediction["total_tokens"]) - cached, "cached_tokens": cached,
+             "completion_tokens": float(completion_tokens)}
+        return float(self.model.utilization(x, self.load.rate_rps))
+
+
+UNKNOWN_LOAD_ERROR = 0.25
+"""The resolution taken when a load model carries no held-out error for the load's kind."""

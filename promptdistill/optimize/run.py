@@ -30,6 +30,7 @@ cache (a cached timing would be a stale one) and is counted apart (``timing_requ
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -43,7 +44,7 @@ from promptdistill.judges.runner import JudgeRunner
 from promptdistill.optimize.blocks import restored_variants, static_tail
 from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_subsets, per_request_spec, with_fewshot
-from promptdistill.optimize.predict import predict_candidate, prefix_block_tokens
+from promptdistill.optimize.predict import LoadPricing, predict_candidate, prefix_block_tokens
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
 from promptdistill.optimize.variants import REMINDER_TAG, instruction_variants, with_reply_reminder
 from promptdistill.search.budget import Budget
@@ -145,7 +146,7 @@ class OptimizeRun:
 
     def __init__(self, engine: Engine, spec: Spec, ttft_model: Any, budget: OptimizeBudget, seed: int,
                  rule: SelectionRule, distilled: Any, timing_engine: Engine | None = None,
-                 judge_engine: Engine | None = None):
+                 judge_engine: Engine | None = None, load_pricing: LoadPricing | None = None):
         ttft_model.check_engine(engine.identity)
         self.spec, self.model, self.budget, self.seed, self.rule = spec, ttft_model, budget, seed, rule
         self.distilled = distilled
@@ -162,7 +163,12 @@ class OptimizeRun:
             self.warm_share, self.warm_share_source = rule.warm_share, "configured"
         else:
             self.warm_share, self.warm_share_source = ASSUMED_WARM_SHARE, "assumed"
-        self.resolution_rel = ttft_model.relative_error
+        if spec.slo.load is not None and load_pricing is None:
+            raise ConfigError(f"{spec.name}: slo.load: the spec declares {spec.slo.load.describe()} but no load TTFT "
+                              "model was given; fit one (`python -m bench.bench_load --profile-only`) or remove slo.load")
+        self.load = load_pricing
+        """The declared load's pricing: its percentile is then the cost (None: solo TTFT)."""
+        self.resolution_rel = load_pricing.relative_error if load_pricing else ttft_model.relative_error
         self.settings = RaceSettings(margin=self.max_drop, alpha=rule.alpha, finalists=rule.finalists,
                                      first_look=rule.first_look, discrete=spec.metric.discrete)
         splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
@@ -211,7 +217,37 @@ class OptimizeRun:
         p["ttft_expected_ms"] = expected_ttft(p["ttft_cold_ms"], p["ttft_warm_ms"], self.warm_share)
         cand.prediction = p
         cand.cost = p[f"ttft_{self.rule.ttft}_ms"]
+        if self.load is not None:
+            reply = self.reply_tokens(cand)
+            p.update(ttft_load_ms=self.load.price(p, reply), load_reply_tokens=reply,
+                     load_utilization=self.load.utilization(p, reply), load_latency=self.load.latency)
+            cand.cost = p["ttft_load_ms"]
         cand.static_tokens = int(round(p["static_prefix_tokens"]))
+
+    @property
+    def cost_column(self) -> str:
+        """The candidates table's column that holds the cost."""
+        return "ttft_load_ms" if self.load is not None else f"ttft_{self.rule.ttft}_ms"
+
+    @property
+    def latency(self) -> str:
+        """What the cost is, as reasons name it: 'P95 TTFT at 4 req/s' or 'expected TTFT'."""
+        return self.load.latency if self.load is not None else f"{self.rule.ttft} TTFT"
+
+    def reply_tokens(self, cand: ExampleCandidate) -> float:
+        """A candidate's mean reply length, which holds the batch at load: from its own
+        screen records once screened, else the baseline's, else the spec's token limit."""
+        for source in (cand, self.baseline):
+            report = getattr(source, "screen", None)
+            if report is not None and report.completion_tokens:
+                return float(sum(report.completion_tokens)) / len(report.completion_tokens)
+        return float(self.max_tokens)
+
+    def reprice(self, cands: Sequence[ExampleCandidate]) -> None:
+        """Price candidates again at the load with their own screened reply lengths."""
+        if self.load is not None:
+            for cand in cands:
+                self.predict(cand)
 
     def resolution(self, a: Candidate, b: Candidate) -> float:
         """A predicted TTFT difference below the model's error at that point is a tie."""
@@ -254,6 +290,7 @@ class OptimizeRun:
                                       "tokens, over this template's cacheable share")
             self.predict(base)
         self.screen([])
+        self.reprice([base])  # its own reply length, now that it is screened
         if base.screen is not None:
             # A metric that scores the baseline 0 everywhere cannot tell candidates apart:
             # stop before spending the screen on them.
@@ -355,8 +392,11 @@ class OptimizeRun:
         for cand in runnable:
             if not (cand.publishable or self.rule.allow_per_request_examples):
                 cand.notes.append("per-request examples: not publishable as a static template")
+            elif self.load is not None and math.isinf(cand.cost):
+                cand.notes.append(f"cannot sustain {self.load.load.describe()}: predicted utilization "
+                                  f"{cand.prediction['load_utilization']:.2f} of the engine")
             elif slo is not None and cand.cost > slo:
-                cand.notes.append(f"misses the SLO: predicted {self.rule.ttft} TTFT {cand.cost:.0f} ms > {slo:g} ms")
+                cand.notes.append(f"misses the SLO: predicted {self.latency} {cand.cost:.0f} ms > {slo:g} ms")
             else:
                 eligible.add(id(cand))
         if self.baseline.screen is None:
@@ -368,6 +408,25 @@ class OptimizeRun:
             calls_per_record=self.per_record, eligible=lambda c: id(c) in eligible, every=self.budget.screen_every)
         if self.plan is None:
             self.plan = self.make_plan()
+
+    def within_slo(self, cands: Sequence[Candidate]) -> list[Candidate]:
+        """At a declared load: the candidates priced again with their own reply lengths
+        (the screen measured them) that still sustain the load and meet ``slo.ttft_ms``;
+        each one that does not is noted and cannot win."""
+        if self.load is None:
+            return list(cands)
+        self.reprice([self.baseline, *cands])  # type: ignore[list-item]
+        slo, kept = self.spec.slo.ttft_ms, []
+        for cand in cands:
+            if math.isinf(cand.cost):
+                cand.notes.append(f"cannot sustain {self.load.load.describe()} with its screened replies "
+                                  f"({cand.prediction['load_reply_tokens']:.0f} tokens): not published")
+            elif slo is not None and cand.cost > slo:
+                cand.notes.append(f"misses the SLO with its screened replies: predicted {self.latency} "
+                                  f"{cand.cost:.0f} ms > {slo:g} ms: not published")
+            else:
+                kept.append(cand)
+        return kept
 
     def block_aligned(self, cands: Sequence[ExampleCandidate]) -> list[ExampleCandidate]:
         """Per pruned candidate, the variant with one pruned clause restored whose predicted
@@ -408,7 +467,7 @@ class OptimizeRun:
         """The winner and why (the baseline when nothing was certified)."""
         if self.kept_reason:
             return self.baseline, f"{self.kept_reason}; keeping the baseline"
-        winner, reason = select(self.baseline, self.finalists, resolution=self.resolution)
+        winner, reason = select(self.baseline, self.within_slo(self.finalists), resolution=self.resolution)
         if self.plan is not None and winner is self.baseline:
             reason += f" ({self.plan.sentence()})"
         return winner, reason  # type: ignore[return-value]
