@@ -33,6 +33,7 @@ strings (``<|im_end|>``, ``[INST]``, ...): see ``DEFAULT_SPECIAL_TOKENS``.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import re
@@ -80,7 +81,9 @@ matched. A vLLM server tokenizes the templated chat text in one go, so such a st
 in a value would become a real role marker there."""
 
 _SHAPES = r"<\|[A-Za-z0-9_.:/-]{1,48}\|>|<\uff5c[^\uff5c<>]{1,48}\uff5c>"
+_SHAPE_CHARS = 52  # the longest a _SHAPES match can be
 _ZWSP = "\u200b"
+_REPLACEMENT = "\ufffd"
 _POLICIES = ("escape", "reject", "keep")
 
 
@@ -95,25 +98,34 @@ class _Markers:
 
     Escaping inserts a zero-width space after the marker's first character
     (``<\u200b|im_end|>``): the model reads nearly the same text, and no tokenizer matches it
-    as a special token.
+    as a special token. A one-character marker cannot be split, so escaping replaces it by
+    U+FFFD (the replacement character). No escape leaves a match at its position, and no
+    character is escaped twice, so the scan ends.
     """
 
-    __slots__ = ("policy", "pattern")
+    __slots__ = ("policy", "pattern", "reach")
 
     def __init__(self, tokens: Iterable[str], policy: str) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"on_special_tokens must be one of {_POLICIES}, got {policy!r}")
         tokens = [t for t in tokens if isinstance(t, str) and t]
         for t in tokens:
-            if _ZWSP in t:
-                raise ValueError(f"special_tokens: {t!r} holds a zero-width space, the character escaping inserts")
+            for char, name in ((_ZWSP, "a zero-width space"), (_REPLACEMENT, "U+FFFD")):
+                if char in t:
+                    raise ValueError(f"special_tokens: {t!r} holds {name}, a character escaping inserts")
         self.policy = policy
         alternatives = [re.escape(t) for t in sorted(set(tokens), key=len, reverse=True)] + [_SHAPES]
         self.pattern = re.compile("|".join(alternatives))
+        self.reach = max([len(t) for t in tokens] + [_SHAPE_CHARS])  # the longest a match can be
 
     def render(self, system: str, user: str, values: Mapping[str, Any], ref: str) -> list[dict[str, str]]:
         """``render_messages`` with the policy applied to what the values put into the user message."""
-        texts = {name: value_text(value) for name, value in values.items()}
+        texts = {}
+        for name, value in values.items():
+            try:
+                texts[name] = value_text(value)
+            except RecursionError:
+                raise ValueError(f"{ref}: input {name!r}: nested too deeply to insert as JSON text") from None
         messages = render_messages(system, user, texts)
         if self.policy == "keep" or self.pattern.search(messages[-1]["content"]) is None:
             return messages
@@ -132,6 +144,12 @@ class _Markers:
                 continue
             if self.policy == "reject":
                 raise SpecialTokenError(_marker_problem(ref, m, spans, names))
+            if end - start == 1:  # wholly value text, and it cannot be split
+                content = content[:start] + _REPLACEMENT + content[end:]
+                # Removing a '<', '>' or '｜' may complete a <｜name｜> shape that begins
+                # earlier: look again from the earliest start a marker through here can have.
+                at = max(0, start - self.reach + 1)
+                continue
             content = content[:start + 1] + _ZWSP + content[start + 1:]
             # The inserted space counts as value text, so it never makes a marker the template's.
             spans = [(n, s + (s > start), e + (e > start)) for n, s, e in spans] + [(names[0], start + 1, start + 2)]
@@ -193,14 +211,18 @@ class Template:
         ``schema_from`` input carries (a schema, or a function definition's parameters).
 
         Raises:
-            InvalidReplyError: the ``schema_from`` input is missing or not a schema.
+            InvalidReplyError: the ``schema_from`` input is missing, not a schema, or not a
+                valid JSON Schema (an unknown type name, nested too deeply, ...).
         """
         if self.schema_from is None:
             return copy.deepcopy(self._schema)
+        where = f"{self.ref}: input {self.schema_from!r}"
         try:
-            return request_schema(inputs.get(self.schema_from), where=f"{self.ref}: input {self.schema_from!r}")
+            schema = request_schema(inputs.get(self.schema_from), where=where)
         except ValueError as e:
             raise InvalidReplyError(str(e)) from None
+        _check_schema(schema, where)
+        return schema
 
     @property
     def ref(self) -> str:
@@ -277,13 +299,14 @@ class Template:
             **overrides: extra or replacement body fields (``stream=True``, ``seed=1``): the caller's.
         """
         body: dict[str, Any] = json.loads(self._sampling_json)
+        response_format = json.loads(self._response_format_json)
+        if self.schema_from is not None and response_format_kind(self.record.content) == "json_schema":
+            # First: a bad per-request schema is the problem to report, not its text.
+            response_format = openai_response_format(self.record.content, self.request_schema(inputs))
         body["model"] = model
         body["messages"] = self.render(inputs)
         if self._max_tokens is not None:
             body["max_tokens"] = self._max_tokens
-        response_format = json.loads(self._response_format_json)
-        if self.schema_from is not None and response_format_kind(self.record.content) == "json_schema":
-            response_format = openai_response_format(self.record.content, self.request_schema(inputs))
         if response_format is not None:
             body["response_format"] = response_format
         body.update(overrides)
@@ -317,9 +340,11 @@ class Template:
             return text
         try:
             value = json.loads(text)
+            error = jsonschema.exceptions.best_match(validator.iter_errors(value))
         except json.JSONDecodeError as e:
             raise InvalidReplyError(f"{self.ref}: reply is not valid JSON ({e}); reply: {_excerpt(text)}") from None
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        except RecursionError:
+            raise InvalidReplyError(f"{self.ref}: reply is nested too deeply; reply: {_excerpt(text)}") from None
         if error is not None:
             path = "/".join(str(p) for p in error.absolute_path) or "(root)"
             raise InvalidReplyError(
@@ -534,6 +559,27 @@ def _fresh(error: BaseException) -> BaseException:
         except TypeError:
             pass
     return error
+
+
+def _check_schema(schema: dict[str, Any], where: str) -> None:
+    """Raise InvalidReplyError unless ``schema`` is a valid JSON Schema (checked against its
+    metaschema): an unknown type name or a malformed keyword would otherwise escape from
+    validation as jsonschema's own error, or a deep one as RecursionError."""
+    try:
+        _check_schema_text(json.dumps(schema, sort_keys=True))
+    except jsonschema.exceptions.SchemaError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise InvalidReplyError(f"{where}: not a valid JSON Schema at {path}: {e.message}") from None
+    except RecursionError:
+        raise InvalidReplyError(f"{where}: the schema is nested too deeply") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _check_schema_text(text: str) -> None:
+    """The metaschema check, once per distinct schema: it costs milliseconds, and the
+    requests of one service carry the same few function schemas again and again."""
+    schema = json.loads(text)
+    jsonschema.validators.validator_for(schema).check_schema(schema)
 
 
 def _excerpt(text: str) -> str:

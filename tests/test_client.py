@@ -414,3 +414,70 @@ def test_special_token_policy_reject_keep_and_custom_list(reg):
     assert custom.render(text="<my_turn>")[1]["content"] == "Text: <\u200bmy_turn>"
     with pytest.raises(ValueError, match="on_special_tokens"):
         Templates(reg.root, on_special_tokens="strip")
+
+
+def _per_request_schema_template(reg) -> Template:
+    content = make_content(user="Text: {text}\nCall: {function}", inputs=["text", "function"], output_schema=None,
+                           schema_from="function")
+    return Templates(reg.root).get(f"summarize:{reg.publish('summarize', content).version}")
+
+
+def test_a_bad_schema_from_schema_is_an_invalid_reply_naming_the_problem(reg):
+    t = _per_request_schema_template(reg)
+    unknown = {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "widget"}}}}
+    deep: dict = {"type": "object"}
+    for _ in range(5000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    cases = [
+        (unknown, r"summarize:\d+: input 'function': not a valid JSON Schema at properties/x/type: 'widget'"),
+        ({"type": 3}, r"not a valid JSON Schema at type: 3"),
+        ({"type": "object", "required": "x"}, r"not a valid JSON Schema at required: 'x' is not of type 'array'"),
+        (deep, r"summarize:\d+: input 'function': the schema is nested too deeply"),
+        ({"not": json.loads("[" * 10 + "]" * 10)}, r"not a valid JSON Schema at not"),
+    ]
+    for schema, message in cases:
+        inputs = {"text": "a", "function": schema}
+        with pytest.raises(InvalidReplyError, match=message):
+            t.parse('{"x": 1}', inputs)
+        with pytest.raises(InvalidReplyError, match=message):
+            t.request_body(inputs, model="m")
+    good = {"name": "f", "parameters": {"type": "dict", "properties": {"x": {"type": "int"}}}}
+    assert t.parse('{"x": 1}', {"text": "a", "function": good}) == {"x": 1}
+
+
+def test_a_reply_nested_too_deeply_is_an_invalid_reply(reg):
+    t = Templates(reg.root).get("summarize:1")
+    with pytest.raises(InvalidReplyError, match="summarize:1: reply is nested too deeply"):
+        t.parse("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("field, value, where", [
+    ("system", "Summarize \ud800 this.", r"content\.system: holds a lone surrogate '\\ud800' at char 10"),
+    ("user", "Text: {text} \udfff", r"content\.user: holds a lone surrogate '\\udfff' at char 13"),
+    ("sampling", {"stop": ["\ud800"]}, r"content\.sampling\.stop\[0\]: holds a lone surrogate"),
+])
+def test_a_lone_surrogate_in_content_is_refused_at_publish_naming_the_field(tmp_path, field, value, where):
+    reg = Registry(tmp_path / "registry")
+    with pytest.raises(RegistryError, match=where):
+        reg.publish("summarize", make_content(**{field: value}))
+    assert reg.versions("summarize") == []
+    with pytest.raises(RegistryError, match=r"metrics: key '\\ud800x': holds a lone surrogate"):
+        reg.publish("summarize", make_content(), metrics={"\ud800x": 1})
+
+
+def test_a_lone_surrogate_from_a_json_escape_is_a_clean_cli_error(tmp_path):
+    path = tmp_path / "content.json"
+    path.write_text(json.dumps(make_content("Summarize.")).replace("Summarize.", "Summarize \\ud800."))
+    run = subprocess.run([sys.executable, "-m", "promptdistill", "templates", "publish", "summarize", str(path),
+                          "--root", str(tmp_path / "registry")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "content.system: holds a lone surrogate '\\ud800' at char 10" in run.stderr
+
+
+def test_a_value_nested_too_deeply_to_insert_is_a_clean_error(reg):
+    t = Templates(reg.root).get("summarize:1")
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="summarize:1: input 'text': nested too deeply to insert as JSON text"):
+        t.render(text=deep)

@@ -163,12 +163,14 @@ def test_verify_reports_every_problem_and_repair_makes_promote_and_rollback_work
     assert moved.read_bytes() == bad_bytes and not bad.exists()  # moved aside, not deleted or rewritten
     why = json.loads((moved.parents[2] / "why.json").read_text())
     assert why["actor"] == "ops" and "labels: must be an object" in why["events"]["2"]
-    assert json.loads((_template(reg, "summarize") / "labels.json").read_text())["seq"] == 1
+    # The corrupt event was the latest: the labels kept are recorded as a new event after it.
+    assert json.loads((_template(reg, "summarize") / "labels.json").read_text())["seq"] == 3
+    assert reg.history("summarize")[-1].reason.startswith("repair: quarantined event 2")
 
     # The template works again: in a new process, and for promote and rollback.
     assert _get_in_new_process(reg.root, "summarize@production")["summarize@production"] == "OK summarize:1"
     assert cli_main(["templates", "promote", "summarize", "3", "--label", "production", *root]) == 0
-    assert reg.history("summarize")[-1].seq == 2  # numbered after the last event left: no gap
+    assert reg.history("summarize")[-1].seq == 4  # numbered after the last event: never into the gap
     assert cli_main(["templates", "rollback", "summarize", "--label", "production", *root]) == 0
     assert reg.labels("summarize") == {"production": 1}
     capsys.readouterr()
@@ -221,7 +223,6 @@ def test_repair_on_an_object_store(s3_root):
     reg.publish("summarize", make_content("a"), labels=["production"])
     reg.publish("summarize", make_content("b"), labels=["production"])
     key = "templates/summarize/labels/history/00000002.json"
-    original = reg.backend.read(key)
     reg.backend.fs.pipe_file(reg.backend._path(key), b"garbage{")
     with pytest.raises(IntegrityError, match="not valid JSON.*templates repair summarize"):
         reg.labels("summarize")
@@ -231,8 +232,10 @@ def test_repair_on_an_object_store(s3_root):
     assert moved.endswith("/labels/history/00000002.json") and "/quarantine/" in moved
     assert reg.backend.read(moved.split(root.rstrip("/") + "/", 1)[1]) == b"garbage{"
     assert report.labels == {"production": 1}
-    assert reg.set_label("summarize", "production", 2).seq == 2
-    assert reg.backend.read(key) != original and reg.verify() == []
+    assert reg.set_label("summarize", "production", 2).seq == 4  # after the repair's own event 3
+    assert reg.labels("summarize") == {"production": 2} and reg.verify() == []
+    with pytest.raises(FileNotFoundError):
+        reg.backend.read(key)  # the number stays free: a gap readers list past
 
 
 @pytest.fixture
@@ -281,7 +284,7 @@ def test_a_fifo_or_socket_as_a_label_event_is_refused_and_can_be_repaired(reg, m
     (moved,) = report.moved
     assert stat.S_ISFIFO(os.lstat(moved).st_mode) and report.labels == {"production": 1}
 
-    sock_path = _event(reg, "summarize", 2)
+    sock_path = _event(reg, "summarize", 4)  # after the repair's own event 3
     monkeypatch.chdir(sock_path.parent)  # a relative name: AF_UNIX paths are limited to 108 bytes
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(sock_path.name)

@@ -358,9 +358,9 @@ def _repair(args: argparse.Namespace) -> int:
     for where in report.moved:
         print(f"moved to quarantine: {where}")
     if not report.moved:
-        print(f"{args.name}: no corrupt label events")
+        print(f"{args.name}: no corrupt label events")  # another repair may have moved them first
     print(f"{args.name} labels now: {_labels_text(report.labels)}")
-    if report.moved:
+    if any("/labels/history/" in where for where in report.moved):
         print("a quarantined event may have been a label move: check the labels, and promote again if needed")
     for p in report.remaining:
         print(f"not repaired: {p}", file=sys.stderr)

@@ -23,7 +23,8 @@ A local registry holds only regular files and folders inside its root. A symlink
 leads out of the root (the root itself may be a symlink) and anything that is not a
 regular file (a FIFO, which would block a reader forever; a socket; a device) are
 refused with ``IntegrityError`` naming the path, before anything is read or written
-through them. A symlink that stays inside the root is followed.
+through them, and so is a symlink loop (damage, not an outage: ``templates verify`` lists
+it). A symlink that stays inside the root is followed.
 
 ``move(key, new_key)`` moves one object aside (``templates repair`` quarantines bad label
 events with it; nothing in the registry is ever deleted): a rename locally, even of a
@@ -49,6 +50,7 @@ minutes. Options given by the caller win.
 from __future__ import annotations
 
 import copy
+import errno
 import logging
 import os
 import stat
@@ -189,6 +191,8 @@ class LocalBackend(Backend):
         except IsADirectoryError:
             raise FileNotFoundError(path) from None
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _symlink_loop(path) from None
             if _kind(path) not in ("regular file", "folder", None):
                 raise _not_regular(path) from None  # a socket: ENXIO
             raise StoreUnavailableError(f"{path}: cannot read: {e}") from e
@@ -291,6 +295,8 @@ class LocalBackend(Backend):
             self._check_root(prefix, e)
             return []
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _symlink_loop(path) from None
             raise StoreUnavailableError(f"{path}: cannot list: {e}") from e
 
     def move(self, key: str, new_key: str) -> None:
@@ -416,7 +422,13 @@ def _kind(path: str) -> str | None:
 def _not_regular(path: str) -> IntegrityError:
     return IntegrityError(f"{path}: is a {_kind(path) or 'special file'}, not a regular file; the registry "
                           "stores only regular files (move it aside: `promptdistill templates repair NAME` for a "
-                          "label event)")
+                          "label event or labels.json)")
+
+
+def _symlink_loop(path: str) -> IntegrityError:
+    return IntegrityError(f"{path}: a symlink loop (too many levels of symbolic links); the registry stores only "
+                          "regular files (move it aside: `promptdistill templates repair NAME` for a label event "
+                          "or labels.json)")
 
 
 def _unlink_quietly(path: str) -> None:

@@ -18,9 +18,12 @@ Concurrency without locks, using only the backend's create-only write:
 The history is the source of truth. ``labels.json`` is only a hint of where it ends:
 readers read the event the checkpoint names, check it, and roll forward over any later
 events, so a stale checkpoint (a writer that crashed between the two writes, or a slow
-one) never hides a move, and a checkpoint that disagrees with the history, or names an
-event that does not exist, is ignored (the history is listed instead). A new event is
-always numbered after the last one that exists, so no gap is ever created.
+one) never hides a move, and a checkpoint that disagrees with the history, names an
+event that does not exist, or is not a regular file at all, is ignored (the history is
+listed instead). Where the roll forward finds a missing number, the history is listed
+before that is taken as its end: a repair leaves gaps where it quarantined events, and
+a read that stopped at one would serve old labels and let the next move fill the gap
+behind later events. A new event is always numbered after the last one that exists.
 
 A corrupt event (not JSON, a wrong field, a FIFO, a symlink out of the root) takes down
 the labels of its own name at most, and only while it is the **latest** event: every
@@ -28,10 +31,11 @@ event carries the whole label map, so the latest event alone says where the labe
 An older corrupt event is skipped with an error logged (only a rollback, which needs the
 whole history, refuses). A corrupt latest event leaves the labels unknown: reading them
 raises ``IntegrityError`` naming the file, and so does every label move, until
-``quarantine`` moves the bad event(s) aside (``quarantine/<stamp>/labels/history/``
-under the prefix, with a ``why.json``; nothing is deleted). The labels are then those of
-the latest event left. See docs/client.md for why the state before a corrupt latest
-event is not served instead.
+``repair`` moves the bad event(s) aside (``quarantine/<stamp>/labels/history/`` under
+the prefix, with a ``why.json``; nothing is deleted). The labels are then those of the
+latest intact event, and when the latest event was the corrupt one the repair records
+that state as a new event first (see ``quarantine``). See docs/client.md for why the state
+before a corrupt latest event is not served without a repair.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import dataclasses
 import json
 import logging
 import re
+import uuid
 from datetime import datetime, timezone
 from typing import Callable, Mapping
 
@@ -47,7 +52,8 @@ from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNot
 from promptdistill.registry.backend import Backend, StoreUnavailableError
 from promptdistill.registry.records import LabelEvent
 
-__all__ = ["Collection", "HistoryScan", "event_seq", "label_moves", "label_stack", "utc_now"]
+__all__ = ["Checkpoint", "Collection", "HistoryScan", "RepairResult", "event_seq", "label_moves", "label_stack",
+           "utc_now"]
 
 logger = logging.getLogger("promptdistill.registry")
 
@@ -116,6 +122,29 @@ class HistoryScan:
     """Event number -> the reason it was refused (the message names the file)."""
     latest: int
     """The number of the last event listed (0: none)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What ``labels.json`` says, read by the one parser readers, ``verify`` and ``repair`` share."""
+
+    seq: int | None
+    """The event number it names (0: none yet); None when it is missing or unusable."""
+    problem: str | None = None
+    """Why it is unusable, naming the file (None: missing, or fine)."""
+    not_a_file: bool = False
+    """It is a FIFO, a socket, a folder or a symlink out of the root: a repair moves it
+    aside before writing a new one (a write over it would fail)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairResult:
+    """What ``Collection.quarantine`` did."""
+
+    moved: list[str]
+    """Where each quarantined object now is (URLs)."""
+    recorded: LabelEvent | None
+    """The event recording the labels the repair kept, when the latest event was corrupt."""
 
 
 class Collection:
@@ -191,20 +220,40 @@ class Collection:
         key = self.event_key(seq)
         return LabelEvent.from_bytes(self.backend.read(key), where=self.backend.url(key), seq=seq)
 
-    def _checkpoint_seq(self) -> int | None:
-        """The event number ``labels.json`` names, or None (missing or unreadable)."""
-        key = f"{self.prefix}/labels.json"
+    @property
+    def checkpoint_key(self) -> str:
+        return f"{self.prefix}/labels.json"
+
+    def read_checkpoint(self) -> Checkpoint:
+        """Parse ``labels.json`` (never raises for a bad one: it is only a hint).
+
+        Raises:
+            StoreUnavailableError: the store cannot be reached.
+        """
+        key = self.checkpoint_key
+        where = self.backend.url(key)
         try:
             seq = json.loads(self.backend.read(key))["seq"]
         except FileNotFoundError:
-            return None
+            # A folder reads as missing; listed, it is something that is not a file.
+            if "labels.json" in self.backend.list(self.prefix):
+                return Checkpoint(None, f"{where}: is a folder, not a file; readers ignore it", not_a_file=True)
+            return Checkpoint(None)
+        except IntegrityError as e:  # a FIFO, a socket, a symlink out of the root or a loop
+            return Checkpoint(None, f"{e}; readers ignore it", not_a_file=True)
         except (ValueError, KeyError, TypeError, RecursionError) as e:
-            logger.warning("%s: unreadable label checkpoint (%s); reading the history instead", self.backend.url(key), e)
-            return None
+            return Checkpoint(None, f"{where}: unreadable ({type(e).__name__}: {e}); readers ignore it")
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-            logger.warning("%s: seq %r is not an event number; reading the history instead", self.backend.url(key), seq)
-            return None
-        return seq
+            return Checkpoint(None, f"{where}: seq {seq!r} is not an event number; readers ignore it")
+        return Checkpoint(seq)
+
+    def _checkpoint_seq(self) -> int | None:
+        """The event number ``labels.json`` names, or None (missing or unusable, logged)."""
+        checkpoint = self.read_checkpoint()
+        if checkpoint.problem:
+            logger.warning("%s (label checkpoint: reading the history instead; `%s` replaces it)", checkpoint.problem,
+                           self.repair or "a repair")
+        return checkpoint.seq
 
     def label_state(self) -> tuple[int, dict[str, int]]:
         """(last event number, {label: version}): the labels of the latest event.
@@ -233,7 +282,12 @@ class Collection:
             try:
                 event = self._read_event(seq + 1)
             except FileNotFoundError:
-                return seq, labels
+                # The end, unless later events are listed: then this is a gap a repair left.
+                seqs = self._event_seqs()
+                if not seqs or seqs[-1] <= seq:
+                    return seq, labels
+                seq, labels = self._latest_listed()
+                continue
             except IntegrityError as e:
                 # Corrupt, but maybe not the latest: only the latest event decides.
                 newer = self._latest_listed()
@@ -250,16 +304,18 @@ class Collection:
 
     def _latest_listed(self) -> tuple[int, dict[str, int]]:
         """(number, labels) of the last event listed; (0, {}) if there is none."""
-        seqs = self._event_seqs()
-        if not seqs:
-            return 0, {}
-        try:
-            event = self._read_event(seqs[-1])
-        except FileNotFoundError:
-            raise IntegrityError(f"{self.backend.url(self.event_key(seqs[-1]))}: listed but not readable") from None
-        except IntegrityError as e:
-            raise self._corrupt_latest(e) from None
-        return event.seq, dict(event.labels)
+        for _ in range(3):  # an event gone since the listing was moved by a repair: list again
+            seqs = self._event_seqs()
+            if not seqs:
+                return 0, {}
+            try:
+                event = self._read_event(seqs[-1])
+            except FileNotFoundError:
+                continue
+            except IntegrityError as e:
+                raise self._corrupt_latest(e) from None
+            return event.seq, dict(event.labels)
+        raise IntegrityError(f"{self.backend.url(self.event_key(seqs[-1]))}: listed but not readable")
 
     def _corrupt_latest(self, error: IntegrityError) -> IntegrityError:
         fix = f"`{self.repair}` moves it" if self.repair else "move it"
@@ -312,24 +368,88 @@ class Collection:
                 corrupt[s] = str(e)
         return HistoryScan(events=events, corrupt=corrupt, latest=seqs[-1] if seqs else 0)
 
-    def quarantine(self, seqs: list[int], reasons: Mapping[int, str], *, actor: str) -> list[str]:
-        """Move label events aside into ``quarantine/<stamp>/`` (never deleted); return where.
+    def quarantine(self, *, actor: str) -> RepairResult:
+        """Move the corrupt label events and a checkpoint that is not a file into
+        ``quarantine/<stamp>/`` (never deleted; ``why.json`` says who, when and why), then
+        point the checkpoint at the latest event.
 
-        Then rewrite the checkpoint from the latest event left, so it names no moved event.
+        The labels afterwards are those of the latest intact event, found by listing the
+        whole history, never by a read that stops at a gap. Safe beside promotes and other
+        repairs:
+
+        * an older corrupt event's number is never taken again, since a move is always
+          numbered after the last listed event;
+        * a corrupt **latest** event's number would be free once it is moved, so first the
+          labels of the latest intact event are recorded as a new event after it, with the
+          same create-only write that orders every label move: a promote or another repair
+          that got there first makes this one look again;
+        * an event is moved only while it is still corrupt, and one another repair moved
+          already is skipped.
         """
-        stamp = utc_now().replace(":", "").replace("-", "")
-        folder = f"{self.prefix}/quarantine/{stamp}"
-        moved = []
-        for seq in sorted(seqs):
-            target = f"{folder}/labels/history/{seq:08d}.json"
-            self.backend.move(self.event_key(seq), target)
-            moved.append(target)
-            logger.warning("%s: moved to %s: %s", self.backend.url(self.event_key(seq)), self.backend.url(target),
-                           reasons.get(seq, "quarantined"))
-        why = {"actor": actor, "at": utc_now(), "events": {str(s): reasons.get(s, "") for s in sorted(seqs)}}
-        self.backend.create(f"{folder}/why.json", (json.dumps(why, indent=2, sort_keys=True) + "\n").encode())
+        for _ in range(_MAX_ATTEMPTS):
+            scan = self.scan_history()
+            recorded = None
+            if scan.latest in scan.corrupt and scan.events:
+                recorded = self._record_repair(scan, actor)
+                if recorded is None:
+                    continue  # another writer took the number: look again
+            break
+        else:
+            raise RegistryError(f"{self.backend.url(self.prefix)}: gave up after {_MAX_ATTEMPTS} label conflicts")
+        folder = f"{self.prefix}/quarantine/{utc_now().replace(':', '').replace('-', '')}-{uuid.uuid4().hex[:8]}"
+        moved, events, why = [], {}, {}
+        for seq in sorted(scan.corrupt):
+            if self._still_corrupt(seq):
+                target = f"{folder}/labels/history/{seq:08d}.json"
+                if self._move_aside(self.event_key(seq), target, scan.corrupt[seq]):
+                    moved.append(self.backend.url(target))
+                    events[str(seq)] = scan.corrupt[seq]
+        checkpoint = self.read_checkpoint()
+        if checkpoint.not_a_file and self._move_aside(self.checkpoint_key, f"{folder}/labels.json",
+                                                      checkpoint.problem or ""):
+            moved.append(self.backend.url(f"{folder}/labels.json"))
+            why["checkpoint"] = checkpoint.problem
+        if moved:
+            body = {"actor": actor, "at": utc_now(), "events": events, **why}
+            self.backend.create(f"{folder}/why.json", (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
         self.rewrite_checkpoint()
-        return [self.backend.url(m) for m in moved]
+        return RepairResult(moved=moved, recorded=recorded)
+
+    def _record_repair(self, scan: HistoryScan, actor: str) -> LabelEvent | None:
+        """Create event ``scan.latest + 1`` holding the labels of the latest intact event;
+        None if that number is taken (a label move or a repair got there first)."""
+        last = scan.events[-1]
+        lost = [s for s in sorted(scan.corrupt) if s > last.seq]
+        numbers = ", ".join(map(str, lost))
+        event = LabelEvent(
+            seq=scan.latest + 1, label=last.label, from_version=last.labels[last.label],
+            to_version=last.labels[last.label], action="set", actor=actor, at=utc_now(), labels=dict(last.labels),
+            reason=(f"repair: quarantined event{'s' if len(lost) > 1 else ''} {numbers} (corrupt); "
+                    f"the labels are those of event {last.seq}"),
+        )
+        try:
+            self.backend.create(self.event_key(event.seq), event.to_bytes())
+        except FileExistsError:
+            return None
+        return event
+
+    def _still_corrupt(self, seq: int) -> bool:
+        try:
+            self._read_event(seq)
+        except FileNotFoundError:
+            return False  # another repair moved it
+        except IntegrityError:
+            return True
+        return False  # intact now: not ours to move
+
+    def _move_aside(self, key: str, target: str, reason: str) -> bool:
+        """Move one object into the quarantine; False if it is gone already (another repair)."""
+        try:
+            self.backend.move(key, target)
+        except FileNotFoundError:
+            return False
+        logger.warning("%s: moved to %s: %s", self.backend.url(key), self.backend.url(target), reason)
+        return True
 
     def rewrite_checkpoint(self) -> None:
         """Point ``labels.json`` at the latest event (after a repair, or to replace a bad one)."""
@@ -386,9 +506,10 @@ class Collection:
         data = (json.dumps(body, sort_keys=True, indent=2) + "\n").encode()
         try:
             self.backend.replace(key, data)
-        except StoreUnavailableError as e:
+        except (StoreUnavailableError, IntegrityError) as e:
             # The move is already recorded in the history; readers roll forward over it.
-            logger.warning("%s: label moved but checkpoint not written: %s", self.backend.url(key), e)
+            fix = f" (`{self.repair}` replaces it)" if self.repair and isinstance(e, IntegrityError) else ""
+            logger.warning("%s: label moved but checkpoint not written: %s%s", self.backend.url(key), e, fix)
 
 
 def _span(versions: list[int]) -> str:

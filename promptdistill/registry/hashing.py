@@ -34,12 +34,34 @@ def to_json_value(value: Any, where: str = "value") -> Any:
     """A plain-JSON copy of ``value`` (see :func:`promptdistill.core.jsonio.to_json_value`).
 
     Raises:
-        RegistryError: naming the field (``where.key[0]``) that is not JSON, or the value
-            that nests deeper than the interpreter's recursion limit.
+        RegistryError: naming the field (``where.key[0]``) that is not JSON, or holds a
+            lone surrogate (``"\\ud800"``: not Unicode text, UTF-8 cannot store it), or the
+            value that nests deeper than the interpreter's recursion limit.
     """
     try:
-        return core_to_json_value(value, where)
+        plain = core_to_json_value(value, where)
+        _check_text(plain, where)
+        return plain
     except NotJSONError as e:
         raise RegistryError(str(e)) from None
     except RecursionError:
         raise RegistryError(f"{where}: nested too deeply") from None
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Raise RegistryError naming the first string (or key) in ``value`` that is not valid
+    Unicode text: a lone surrogate from a ``"\\ud800"`` JSON escape would otherwise fail
+    later, as a UnicodeEncodeError, when the record is encoded to be stored."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RegistryError(f"{where}: holds a lone surrogate {value[e.start]!r} at char {e.start}; "
+                                "not valid Unicode text (UTF-8 cannot store it)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"{where}: key {key!r}")
+            _check_text(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_text(item, f"{where}[{i}]")

@@ -7,21 +7,23 @@ anything:
   a FIFO, a symlink out of the root) or whose name is not a version number;
 * ``event``: a label event that is unreadable or malformed (repairable);
 * ``label``: a label of the latest intact event that points at a missing or corrupt version;
-* ``checkpoint``: a ``labels.json`` that is unreadable or names a missing or corrupt event
-  (readers ignore it; a repair rewrites it);
+* ``checkpoint``: a ``labels.json`` that is unreadable, is not a regular file (a FIFO, a
+  folder, a symlink out of the root or a loop), or names a missing or corrupt event
+  (readers ignore it; a repair moves it aside if need be and writes a new one);
 * ``layout``: a folder that cannot be read at all (a symlink out of the root), or a name
   under ``templates/`` that is not a template name.
 
-``repair_template`` moves the corrupt label events of one template into
-``templates/<name>/quarantine/<stamp>/`` (with ``why.json``) and rewrites its checkpoint,
-so ``get``, ``promote`` and ``rollback`` work again. It never deletes anything and never
-moves a version: a version number, once published, is never reused, so a corrupt version
-stays where it is and is reported (point the label at another version).
+``repair_template`` moves the corrupt label events of one template (and a checkpoint
+that is not a file) into ``templates/<name>/quarantine/<stamp>/`` (with ``why.json``) and
+rewrites its checkpoint from the whole history, so ``get``, ``promote`` and ``rollback``
+work again; it is safe beside promotes and other repairs (see ``Collection.quarantine``). It
+never deletes anything and never moves a version: a version number, once published, is
+never reused, so a corrupt version stays where it is and is reported (point the label at
+another version).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
@@ -63,7 +65,7 @@ class RepairReport:
 
     name: str
     moved: list[str]
-    """Where each quarantined event now is."""
+    """Where each quarantined event (or checkpoint) now is."""
     labels: dict[str, int]
     """The labels after the repair."""
     remaining: list[Problem]
@@ -150,18 +152,11 @@ def _numbers(files: list[str]) -> set[int]:
 
 
 def _check_checkpoint(coll: Collection, name: str, corrupt: dict[int, str]) -> list[Problem]:
-    key = f"{coll.prefix}/labels.json"
-    where = coll.backend.url(key)
-    try:
-        seq = json.loads(coll.backend.read(key))["seq"]
-    except FileNotFoundError:
-        return []
-    except IntegrityError as e:
-        return [Problem(name, "checkpoint", where, str(e))]
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
-        return [Problem(name, "checkpoint", where, f"unreadable ({type(e).__name__}: {e}); readers ignore it")]
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        return [Problem(name, "checkpoint", where, f"seq {seq!r} is not an event number; readers ignore it")]
+    checkpoint = coll.read_checkpoint()
+    where = coll.backend.url(coll.checkpoint_key)
+    if checkpoint.problem:
+        return [Problem(name, "checkpoint", where, checkpoint.problem)]
+    seq = checkpoint.seq
     if seq and seq not in corrupt:  # a corrupt one is reported as the event
         try:
             coll.backend.read(coll.event_key(seq))
@@ -171,7 +166,8 @@ def _check_checkpoint(coll: Collection, name: str, corrupt: dict[int, str]) -> l
 
 
 def repair_template(registry: Registry, name: str, *, actor: str) -> RepairReport:
-    """Quarantine the corrupt label events of ``name`` and rewrite its checkpoint.
+    """Quarantine the corrupt label events of ``name`` (and a checkpoint that is not a
+    file) and rewrite its checkpoint from the whole history.
 
     Raises:
         TemplateNotFoundError: no such template.
@@ -182,12 +178,7 @@ def repair_template(registry: Registry, name: str, *, actor: str) -> RepairRepor
     layout = [p for p in problems if p.kind == "layout"]
     if layout:
         raise IntegrityError(f"{layout[0]} (a repair moves bad label events, not folders: fix this by hand)")
-    bad = {p.seq: p.reason for p in problems if p.kind == "event" and p.seq is not None}
-    moved: list[str] = []
-    if bad:
-        moved = coll.quarantine(sorted(bad), bad, actor=actor)
-    elif any(p.kind == "checkpoint" for p in problems):
-        coll.rewrite_checkpoint()
+    result = coll.quarantine(actor=actor)
     labels = coll.labels()
     remaining = [p for p in verify_templates(registry, [name]) if not p.repairable]
-    return RepairReport(name=name, moved=moved, labels=labels, remaining=remaining)
+    return RepairReport(name=name, moved=result.moved, labels=labels, remaining=remaining)

@@ -92,9 +92,14 @@ def request_schema(value: Any, *, where: str = "input") -> dict[str, Any]:
     is not changed), with Python-style type names mapped (see ``PYTHON_TYPES``).
 
     Raises:
-        ValueError: the value is none of the accepted shapes (the message names ``where``).
+        ValueError: the value is none of the accepted shapes, or nests deeper than the
+            interpreter's recursion limit (the message names ``where``).
     """
-    return _json_schema(_unwrap(value, where)[0])
+    schema = _unwrap(value, where)[0]
+    try:
+        return _json_schema(schema)
+    except RecursionError:
+        raise ValueError(f"{where}: the schema is nested too deeply") from None
 
 
 def schema_location(value: Any, *, where: str = "input") -> tuple[str, ...]:
