@@ -3,13 +3,13 @@ helpers they share (progress lines, process defaults, draining Prefect before it
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import platform
 import statistics
 import subprocess
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -95,7 +95,7 @@ def drain_prefect() -> None:
 
     async def drain() -> None:
         for result in (APILogWorker.instance().drain(), EventsWorker.drain_all()):
-            if inspect.isawaitable(result):
+            if isinstance(result, Awaitable):
                 await result
 
     run_coro_as_sync(drain())

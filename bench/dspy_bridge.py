@@ -41,10 +41,9 @@ class BatchingEngine:
         default_max_tokens: used when DSPy sends none.
 
     Attributes:
-        calls: requests submitted.
-        batches: the size of every batch sent to the engine.
-        prompt_tokens, completion_tokens: tokens of every result the engine returned (what
-            a GPU processes; requests DSPy's own cache answered never get here).
+        batches: the size of every batch sent to the engine (requests DSPy's own cache
+            answered never get here). Tokens are the engine's to count: wrap it in a
+            ``CallMeter``.
     """
 
     # Capability hints DSPy reads from a custom engine: JSONAdapter then sends a
@@ -59,10 +58,7 @@ class BatchingEngine:
         self.max_batch = max_batch
         self.window_s = window_s
         self.default_max_tokens = default_max_tokens
-        self.calls = 0
         self.batches: list[int] = []
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
         self._queue: queue.Queue[tuple[GenerationRequest, Future[GenerationResult]] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._collect, name="promptdistill-dspy-batcher", daemon=True)
         self._worker.start()
@@ -90,9 +86,6 @@ class BatchingEngine:
                 for _, fut in batch:
                     fut.set_exception(e)
                 continue
-            # Only this thread writes the counters: no lock needed.
-            self.prompt_tokens += sum(r.prompt_tokens for r in results)
-            self.completion_tokens += sum(r.completion_tokens for r in results)
             for (_, fut), result in zip(batch, results):
                 fut.set_result(result)
 
@@ -100,7 +93,6 @@ class BatchingEngine:
         """Queue one request and wait for its result (called from DSPy's threads)."""
         fut: Future[GenerationResult] = Future()
         self._queue.put((request, fut))
-        self.calls += 1
         return fut.result()
 
     # -- DSPy's engine protocol -------------------------------------------------------

@@ -271,7 +271,7 @@ def parse_reply(content: Mapping[str, Any], reply: str) -> dict[str, Any]:
 
 
 def reply_text(content: Mapping[str, Any], reply: str, answer_field: str | None = None) -> str:
-    """The text our metric scores: the parsed fields' JSON (``bench_peers.reply_of`` of the
+    """The text our metric scores: the parsed fields' JSON (``bench.peers.dspy_program.reply_of`` of the
     program's prediction), the ``answer_field``'s value as text for a free-text spec, or
     ``""`` when the reply does not parse."""
     try:

@@ -302,7 +302,7 @@ def test_bench_peers(tmp_path, ttft_registry):
 
 
 def test_peers_reports_of_other_settings_do_not_merge(tmp_path):
-    from bench.bench_peers import merge_reports
+    from bench.peers.merge import merge_reports
 
     def report(path: Path, **config: Any) -> Path:
         body = {"commit": "abc1234", "timestamp": "t", "machine": {}, "identity": {"model": "m"},
@@ -319,9 +319,21 @@ def test_peers_reports_of_other_settings_do_not_merge(tmp_path):
     assert merge_reports([a, a])["specs"]["s"]["commit"] == "abc1234"
 
 
+def test_the_checked_in_peers_report_merges_to_its_markdown_byte_for_byte():
+    """``bench_peers --merge docs/bench/peers.json`` renders docs/bench/peers_2026-12-06.md exactly:
+    the report code still reads the reports it wrote, and the goal recomputed agrees with them."""
+    from bench.peers.merge import merge_reports
+    from bench.peers.report import markdown
+
+    merged = merge_reports([ROOT / "docs" / "bench" / "peers.json"])
+    assert markdown(merged["specs"], merged["config"], merged["total_minutes"]) == (
+        ROOT / "docs" / "bench" / "peers_2026-12-06.md").read_text()
+
+
 def test_peers_of_one_spec_measured_apart_join_when_ours_agrees(tmp_path, capsys):
     """One spec's peers measured in separate runs (a long peer per session) share one table."""
-    from bench.bench_peers import markdown, merge_reports
+    from bench.peers.merge import merge_reports
+    from bench.peers.report import markdown
 
     measured = json.loads((ROOT / "docs" / "bench" / "peers.json").read_text())
     name, row = next((n, r) for n, r in measured["specs"].items() if {"mipro", "gepa"} <= set(r["comparisons"]))
@@ -387,7 +399,7 @@ def test_make_bench_shows_progress_and_logs_the_rest(tmp_path, capsys):
 
 
 def test_a_failed_peer_is_not_measured_against():
-    from bench.bench_peers import better_side, goal
+    from bench.peers.goal import better_side, goal
 
     ours = {"test_mean": 0.4, "prompt_tokens": 500, "ttft_cold_ms": 300.0, "computed_tokens": 40_000}
     peer = {"test_mean": 0.3, "test_ci_low": 0.2, "prompt_tokens": 400, "ttft_cold_ms": 250.0, "computed_tokens": 100_000}
@@ -404,28 +416,3 @@ def test_a_failed_peer_is_not_measured_against():
     failed = {"error": "AdapterParseError: empty response", "computed_tokens": 120_000}
     assert goal(ours, failed) == {"quality": None, "prompt_tokens": None, "ttft_cold": None,
                                   "computed_tokens": None, "met": False}
-
-
-def test_search_tokens_count_prefilled_and_plain_tokens_the_same_way_for_every_side():
-    """The peers' CallCounter and ours' PhaseMeter add the same three counts of the engine's
-    results; computed = prompt - prefix-cached + completion."""
-    from bench.bench_peers import CallCounter, PhaseMeter, search_tokens
-    from fakes import FakeEngine
-    from promptdistill.engine.base import GenerationRequest, GenerationResult
-
-    class Cached(FakeEngine):
-        def generate(self, requests, *, progress=False):
-            return [GenerationResult(text="ok", prompt_tokens=100, completion_tokens=5, cached_tokens=64,
-                                     finish_reason="stop", ttft_ms=1.0, e2e_ms=2.0) for _ in requests]
-
-    reqs = [GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=8) for _ in range(3)]
-    counter, meter = CallCounter(Cached()), PhaseMeter(Cached())
-    counter.generate(reqs)
-    meter.generate(reqs)
-    assert counter.calls == 3 and counter.tokens == {"prompt_tokens": 300, "cached_tokens": 192, "completion_tokens": 15}
-    (row,) = meter.phases.values()
-    expected = {"search_tokens": 315, "computed_tokens": 123}
-    assert search_tokens([counter.tokens]) == search_tokens([row]) == expected
-    assert search_tokens([row, row]) == {"search_tokens": 630, "computed_tokens": 246}
-    # A row written before cached tokens were counted (a merged old report) counts none as cached.
-    assert search_tokens([{"prompt_tokens": 10, "completion_tokens": 1}]) == {"search_tokens": 11, "computed_tokens": 11}

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from bench import peer_export as pe
-from bench.bench_peers import make_signature, to_example
+from bench.peers.dspy_program import make_signature, to_example
 from bundled_specs import load_spec
 from fakes import FakeEngine
 from promptdistill.specs.datasets import dataset_for, records
@@ -168,9 +168,9 @@ def assert_same_parses(adapter, signature, content, replies):
 
 
 def test_reply_text_is_what_the_programs_metric_scores():
-    """``reply_text`` gives the text ``bench_peers.reply_of`` makes of the program's
+    """``reply_text`` gives the text ``bench.peers.dspy_program.reply_of`` makes of the program's
     prediction (the fields' JSON), and "" for a reply the adapter refuses."""
-    from bench.bench_peers import reply_of
+    from bench.peers.dspy_program import reply_of
 
     spec, program = optimized_program("invoice_extraction")
     content = pe.export_program(spec.name, program.signature, program.demos, dspy.JSONAdapter(), max_tokens=48)
@@ -181,10 +181,11 @@ def test_reply_text_is_what_the_programs_metric_scores():
 
 
 def test_bench_peers_scores_and_times_the_exported_program_by_its_own_requests_and_metric():
-    """``bench_peers.peer_template_scores`` sends ``requests(content)``, parses as the
+    """``bench.peers.templates.peer_template_scores`` sends ``requests(content)``, parses as the
     adapter does and scores with the program's metric (a refused reply scores 0, as the
     program's failure score); ``measure_ttft`` sends the demo turns too."""
-    from bench.bench_peers import make_metric, peer_template_scores
+    from bench.peers.dspy_program import make_metric
+    from bench.peers.templates import peer_template_scores
 
     spec, program = optimized_program("ticket_triage")
     content = pe.export_program(spec.name, program.signature, program.demos, dspy.JSONAdapter(), max_tokens=48)

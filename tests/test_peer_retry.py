@@ -1,4 +1,4 @@
-"""bench_peers.run_with_retries: a peer that fails on an adapter parse error is retried as a DSPy user would.
+"""bench.peers.dspy_side.run_with_retries: a peer that fails on an adapter parse error is retried as a DSPy user would.
 
 Pure: the peer is a fake callable raising DSPy's real ``AdapterParseError`` (built as its
 adapters build it) on its first N attempts; no engine, no LM call.
@@ -10,7 +10,9 @@ import logging
 
 import pytest
 
-from bench.bench_peers import RATIO_FIELDS, goal, markdown, run_with_retries
+from bench.peers.dspy_side import run_with_retries
+from bench.peers.goal import RATIO_FIELDS, goal
+from bench.peers.report import markdown
 
 dspy = pytest.importorskip("dspy")
 from dspy.utils.exceptions import AdapterParseError
@@ -121,7 +123,7 @@ def test_a_peer_failing_every_attempt_gets_a_failure_row():
 
 
 def test_a_peer_that_succeeded_on_the_other_adapter_says_so():
-    from bench.bench_peers import attempts_line, side_label
+    from bench.peers.report import attempts_line, side_label
 
     _, record = run_with_retries(FakePeer(2), ADAPTERS, seed=0)
     assert side_label("mipro", record) == "mipro (ChatAdapter, attempt 3)"
@@ -139,7 +141,7 @@ def test_bootstrapping_keeps_a_trace_at_the_bar_as_metric_threshold_asks():
     from dspy.teleprompt import BootstrapFewShot
     from dspy.utils import DummyLM
 
-    from bench.bench_peers import BootstrapTally, make_metric, make_signature, output_fields, spec_score, to_example
+    from bench.peers.dspy_program import BootstrapTally, make_metric, make_signature, output_fields, spec_score, to_example
     from bundled_specs import load_spec
     from promptdistill.specs.datasets import dataset_for, records
 
@@ -177,7 +179,8 @@ def test_bootstrapping_keeps_a_trace_at_the_bar_as_metric_threshold_asks():
 
 
 def test_the_bar_is_checked_and_reported(capsys):
-    from bench.bench_peers import main, search_line
+    from bench.bench_peers import main
+    from bench.peers.report import search_line
 
     with pytest.raises(SystemExit):
         main(["summarize", "--mipro-metric-threshold", "0"])  # DSPy would read 0 as no threshold at all
@@ -191,3 +194,21 @@ def test_the_bar_is_checked_and_reported(capsys):
                                  "bootstrap_traces_failed": 17, "metric_threshold": 0.5})
     assert line == ("- mipro: bootstrapping kept 10 of 27 traces tried (17 raised before scoring, as on a reply "
                     "the adapter cannot parse; a trace is kept at a score of at least 0.5 (metric_threshold))")
+
+
+def test_an_instruction_is_predicted_as_the_template_it_makes_even_where_the_spec_checks_refuse_it():
+    """TTFTObjective's spec: the instruction alone as system text. A peer's literal ``{ticket}``
+    (the checks read it as a misplaced input) loses its braces; an empty instruction becomes "."."""
+    from bench.peers.dspy_program import instruction_spec
+    from bundled_specs import load_spec
+    from promptdistill.core.errors import SpecError
+    from promptdistill.specs.prompt import spec_messages
+
+    spec = load_spec("ticket_triage")
+    inputs = {"ticket": "My invoice is wrong."}
+    assert spec_messages(instruction_spec(spec, "Route the ticket."), inputs)[0]["content"] == "Route the ticket."
+    with pytest.raises(SpecError):
+        spec.with_changes(instruction="Route the {ticket}.")
+    assert spec_messages(instruction_spec(spec, "Route the {ticket}."), inputs)[0]["content"] == "Route the ticket."
+    assert spec_messages(instruction_spec(spec, "  "), inputs)[0]["content"] == "."
+    assert spec.instruction == load_spec("ticket_triage").instruction  # the spec given is unchanged

@@ -38,7 +38,7 @@ from promptdistill.distill.candidates import ClauseScore, DistillCandidate, agre
 from promptdistill.specs.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
 from promptdistill.distill.result import DistillResult, clause_rows
 from promptdistill.engine.base import Engine
-from promptdistill.engine.meter import CallMeter
+from promptdistill.engine.meter import CallMeter, phase
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
 from promptdistill.judges.calibration import equivalence_agreement
 from promptdistill.judges.runner import JudgeRunner
@@ -159,7 +159,8 @@ class _Run:
             )
             items = [{"task": base.spec.description, "instruction": mark_clause(base.spec, c, clauses=clauses),
                       "clause": c.text, "examples": shown} for c in prunable]
-            judged = dict(zip((c.id for c in prunable), self.runner.run("clause_necessity", items)))
+            with self.meter.phase("clause judge"):
+                judged = dict(zip((c.id for c in prunable), self.runner.run("clause_necessity", items)))
         deltas: dict[str, float | None] = {}
         unsure = [c for c in prunable if self.config.ablate_clear or not _judge_is_clear(judged.get(c.id))]
         if self.config.ablation and len(unsure) < len(prunable):
@@ -171,7 +172,8 @@ class _Run:
             ablated = [Candidate(f"ablate-{c.id}", apply_clauses(base.spec, [x.id for x in clauses if x.id != c.id],
                                                                   all_clauses=clauses))
                        for c in unsure[:n_ablate]]
-            reports = self.evaluate(ablated, records)
+            with self.meter.phase("ablations"):
+                reports = self.evaluate(ablated, records)
             for c, report in zip(unsure, reports):
                 deltas[c.id] = paired_mean(report, base.screen)
         scores = []
@@ -205,6 +207,7 @@ class _Run:
                 unique.append(cand)
         return unique
 
+    @phase("rewrites")
     def rewrites(self, base: DistillCandidate, rnd: int, clauses: tuple[Clause, ...], scores: list[ClauseScore],
                  keep_sets: dict[str, tuple[str, ...]]) -> list[DistillCandidate]:
         by_id = {s.clause.id: s for s in scores}
@@ -332,6 +335,7 @@ class _Run:
         """What the certify pool can decide, at a discordance the screen records cannot rule out."""
         return plan_from_screen(self.original, finalists, pool=len(self.splits.certify), settings=self.settings)
 
+    @phase("held-out test")
     def held_out(self, winner: Candidate) -> dict[str, EvalReport]:
         """The original and the winner on the test records (calls reserved in the budget)."""
         cands = [self.original] if winner is self.original else [self.original, winner]
@@ -342,6 +346,7 @@ class _Run:
         reports = self.evaluate(cands, self.splits.test)
         return {"original": reports[0], "winner": reports[-1]}
 
+    @phase("calibration")
     def calibrate(self) -> dict[str, Any] | None:
         """answer_equivalence vs. the metric on the baseline's screen replies (programmatic metrics)."""
         report = self.original.screen

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from promptdistill.core.stats import MeanCI, bootstrap_ci, paired_diffs
-from promptdistill.engine.meter import CallMeter
+from promptdistill.engine.meter import CallMeter, phase
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.optimize.candidates import ExampleCandidate
 from promptdistill.optimize.predict import MIN_TTFT_MS
@@ -129,6 +129,7 @@ def preferred_format(rows: Sequence[Mapping[str, Any]]) -> str:
     return max(rows, key=lambda r: (r["valid_json_rate"] or 0.0, _FORMAT_PREFERENCE[r["format"]]))["format"]
 
 
+@phase("output formats")
 def choose_format(run: OptimizeRun, winner: ExampleCandidate) -> tuple[pd.DataFrame, str, Spec, bool, EvalReport]:
     """Valid-JSON rate (and quality, for the table) three ways on the first ``format_size``
     screen records.

@@ -38,7 +38,7 @@ from promptdistill.core.errors import ConfigError
 from promptdistill.core.jsonio import canonical_json
 from promptdistill.core.settings import check, setting
 from promptdistill.engine.base import Engine, unwrap_engine
-from promptdistill.engine.meter import CallMeter
+from promptdistill.engine.meter import CallMeter, phase
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.optimize.blocks import restored_variants, static_tail
@@ -297,6 +297,7 @@ class OptimizeRun:
             self.kept_reason = unmeasured_quality(base.screen.scores)
         return base
 
+    @phase("example sets")
     def choose_fixed_sets(self) -> dict[int, ExampleCandidate]:
         """Per fixed count, the example set with the best screen score (original instruction)."""
         chosen: dict[int, ExampleCandidate] = {}

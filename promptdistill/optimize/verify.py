@@ -35,6 +35,7 @@ import numpy as np
 
 from promptdistill.core.stats import paired_diffs
 from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult
+from promptdistill.engine.meter import phase
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
 from promptdistill.optimize.select import expected_ttft
@@ -61,6 +62,7 @@ MIN_LOOK = 50
 records a first half where both prompts agree everywhere gives the interval [0, 0])."""
 
 
+@phase("test verification")
 def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]], records: Sequence[Any], *,
                line: float | None, judge_runner: Any, seed: int) -> tuple[tuple[EvalReport, EvalReport], float, str]:
     """The baseline and the winner on the test records, in two looks of half the records each.

@@ -70,6 +70,7 @@ from scipy.stats import binomtest, multinomial, norm
 
 from promptdistill.core.display import format_number
 from promptdistill.core.stats import paired_diffs
+from promptdistill.engine.meter import phase
 from promptdistill.evaluate.evaluator import EvalReport
 from promptdistill.search.budget import Budget
 from promptdistill.search.sequential import (
@@ -252,6 +253,7 @@ def _evaluate(cands: list[Candidate], records: Sequence[Record], part: str, eval
         cand.add(part, report)
 
 
+@phase("screening")
 def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
            budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
            keep: int | None = None, eligible: Callable[[Candidate], bool] | None = None,
@@ -463,6 +465,7 @@ def admitted_finalists(pool: int, *, discordance: float, settings: RaceSettings,
     raise AssertionError("unreachable: k == 1 always returns")
 
 
+@phase("race")
 def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
          budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
          log: Callable[[str], None] = lambda message: None, alpha_each: float | None = None,
