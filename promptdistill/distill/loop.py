@@ -18,10 +18,14 @@ turn on the certify records (:func:`promptdistill.search.racing.screen_then_race
 finalist wins only when it is certified non-inferior (error rate ``alpha`` over the
 finalists raced); the shortest certified one is the winner, else the original is kept.
 The screen's top ``finalists`` are handed to the optimizer whether raced or not.
-Finally the original and the winner are evaluated on held-out test records.
+Finally the original and the winner are scored on held-out test records, and the winner is
+reverted to the original if it fails there (:func:`promptdistill.search.held_out.check_on_test`,
+the optimizer's check too).
 
-No step starts that could overrun the budget (LM calls, minutes). Every LM request
-(generation, judges, repairs) is counted; everything is recorded in a ``DistillResult``.
+No step starts whose LM calls could overrun the budget, nor once the time cap has passed
+(:class:`promptdistill.search.budget.Budget`: time is a safety cap, never projected).
+Every LM request (generation, judges, repairs) is counted; everything is recorded in a
+``DistillResult``.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.judges.calibration import equivalence_agreement
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.search.budget import Budget
-from promptdistill.search.racing import (Candidate, RaceSettings, paired_mean, plan_from_screen, screen, screen_then_race,
-                                         select)
+from promptdistill.search.held_out import check_on_test
+from promptdistill.search.racing import (Candidate, RaceSettings, Selection, paired_mean, plan_from_screen, screen,
+                                         screen_then_race, select)
+from promptdistill.search.selection import KEPT
 from promptdistill.search.references import fill_references
 from promptdistill.search.splits import Splits, split_records
 from promptdistill.specs.model import Spec
@@ -106,6 +112,10 @@ def _judge_is_clear(verdict: Any) -> bool:
     (39% of its search tokens computed): all ten clauses scored 1, and dropping any of them
     changed no screen score."""
     return verdict is not None and verdict.valid and verdict.value["score"] in (1, 5)
+
+
+COST = "instruction tokens"
+"""What a distilled candidate's cost counts (the latency the distiller's selection decides on)."""
 
 
 def _exact(a: Candidate, b: Candidate) -> float:
@@ -297,7 +307,7 @@ class _Run:
                 every=self.config.screen_every, log=log.info) if self.original.screen is not None else ([], None)
             plan = plan or self.plan([])
             log.info("%s", plan.sentence())
-            winner, reason = select(self.original, raced, resolution=_exact)
+            selection = select(self.original, raced, resolution=_exact, latency=COST)
             # Handed to the optimizer: the screen's top finalists, raced or not (the raced first).
             finalists = self.screen(self.candidates[1:], every=self.config.screen_every) \
                 if self.original.screen is not None else []
@@ -307,14 +317,16 @@ class _Run:
             finalists = sorted(self.candidates[1:], key=lambda c: (c.instruction_tokens, c.id))
             plan = self.plan(finalists)
             log.info("%s", plan.sentence())
-            winner, reason = self.original, (f"not raced here: the {len(finalists)} finalist(s) go to the optimizer, "
-                                             "which races them against the baseline")
+            selection = Selection(self.original, self.original, KEPT,
+                                  f"not raced here: the {len(finalists)} finalist(s) go to the optimizer, which races "
+                                  "them against the baseline", COST)
         search_calls = self.meter.calls
-        test_reports = self.held_out(winner)
+        selection, test_reports, test_stop = self.held_out(selection)
         calibration = self.calibrate()
         return DistillResult(
             spec_name=self.spec.name, seed=self.config.seed, config=self.config, original=self.original,
-            winner=winner, candidates=self.candidates, finalists=[c.id for c in finalists], reason=reason,
+            winner=selection.winner, candidates=self.candidates, finalists=[c.id for c in finalists],
+            reason=selection.reason, selection=selection.record(), test_stop=test_stop,
             plan=plan, clause_rows=clause_rows(self.clause_scores), judge_stats=self.runner.stats_rows(),
             agreement_rate=agreement_rate([s for _, s, _ in self.clause_scores]), calibration=calibration,
             test=test_reports, rounds=rounds, stop_reason=stop, search_lm_calls=search_calls,
@@ -332,15 +344,31 @@ class _Run:
         """What the certify pool can decide, at a discordance the screen records cannot rule out."""
         return plan_from_screen(self.original, finalists, pool=len(self.splits.certify), settings=self.settings)
 
-    def held_out(self, winner: Candidate) -> dict[str, EvalReport]:
-        """The original and the winner on the test records (calls reserved in the budget)."""
+    def held_out(self, selection: Selection) -> tuple[Selection, dict[str, EvalReport], str | None]:
+        """The original and the winner on the test records (calls reserved in the budget),
+        the winner reverted to the original if it fails there
+        (:func:`promptdistill.search.held_out.check_on_test`, as the optimizer's).
+
+        Returns:
+            The selection after the check, the reports (``original``, ``winner``, and the
+            reverted candidate's as ``reverted``), and which look stopped the scoring.
+        """
+        winner = selection.winner
         cands = [self.original] if winner is self.original else [self.original, winner]
         self.budget.release()
         if not self.splits.test or not self.budget.afford(len(cands) * self.per_record * len(self.splits.test),
                                                           "held-out test calls"):
-            return {}
-        reports = self.evaluate(cands, self.splits.test)
-        return {"original": reports[0], "winner": reports[-1]}
+            return selection, {}, None
+
+        def items(records: Sequence[Mapping]) -> list[EvalItem]:
+            return [EvalItem(c.spec, records, self.examples) for c in cands]
+
+        check = check_on_test(selection, items, self.splits.test, engine=self.meter, judge_runner=self.runner,
+                              seed=self.config.seed, max_drop=self.max_drop)
+        if check.reverted:
+            return check.selection, {"original": check.baseline, "winner": check.baseline,
+                                     "reverted": check.winner}, check.stop
+        return check.selection, {"original": check.baseline, "winner": check.winner}, check.stop
 
     def calibrate(self) -> dict[str, Any] | None:
         """answer_equivalence vs. the metric on the baseline's screen replies (programmatic metrics)."""

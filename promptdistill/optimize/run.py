@@ -47,9 +47,10 @@ from promptdistill.optimize.predict import predict_candidate, prefix_block_token
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
 from promptdistill.optimize.variants import REMINDER_TAG, instruction_variants, with_reply_reminder
 from promptdistill.search.budget import Budget
-from promptdistill.search.racing import Candidate, RaceSettings, screen, screen_then_race, select
+from promptdistill.search.racing import (Candidate, RaceSettings, Selection, plan_from_screen, screen, screen_then_race,
+                                         select)
 from promptdistill.search.references import fill_references
-from promptdistill.search.racing import plan_from_screen
+from promptdistill.search.selection import KEPT
 from promptdistill.search.sequential import Plan
 from promptdistill.search.splits import split_records
 from promptdistill.specs.model import Spec
@@ -404,12 +405,12 @@ class OptimizeRun:
         """What the certify pool can decide without a finalist (the discordance assumed)."""
         return plan_from_screen(self.baseline, self.finalists, pool=len(self.splits.certify), settings=self.settings)
 
-    def select(self) -> tuple[ExampleCandidate, str]:
-        """The winner and why (the baseline when nothing was certified)."""
+    def select(self) -> Selection:
+        """The winner, by which clause and why (the baseline when nothing was certified)."""
+        latency = f"{self.rule.ttft} TTFT"
         if self.kept_reason:
-            return self.baseline, f"{self.kept_reason}; keeping the baseline"
-        winner, reason = select(self.baseline, self.finalists, resolution=self.resolution)
-        if self.plan is not None and winner is self.baseline:
-            reason += f" ({self.plan.sentence()})"
-        return winner, reason  # type: ignore[return-value]
-
+            return Selection(self.baseline, self.baseline, KEPT, f"{self.kept_reason}; keeping the baseline", latency)
+        chosen = select(self.baseline, self.finalists, resolution=self.resolution, latency=latency)
+        if self.plan is not None and chosen.kept:
+            chosen = dataclasses.replace(chosen, reason=f"{chosen.reason} ({self.plan.sentence()})")
+        return chosen
