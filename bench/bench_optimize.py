@@ -33,6 +33,7 @@ from promptdistill.core.display import format_number  # noqa: E402
 from promptdistill.engine import load_engine  # noqa: E402
 from promptdistill.optimize.select import SelectionRule  # noqa: E402
 from promptdistill.pipeline.budgets import budget_preset  # noqa: E402
+from promptdistill.pipeline.presets import BUDGET_PRESETS, LOCAL_PRESET  # noqa: E402
 from promptdistill.pipeline.jobs import prepare_job  # noqa: E402
 from promptdistill.pipeline.stages import distill_stage, lm_cache_path, optimize_stage, result_figures  # noqa: E402
 from promptdistill.pipeline.ttft_models import load_ttft_model  # noqa: E402
@@ -150,7 +151,8 @@ def markdown(rows: list[dict[str, Any]], preset_name: str) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", help="spec names (default: every spec in prompts/)")
-    parser.add_argument("--budget", default="quick", help="budget preset (smoke, quick, full; default quick)")
+    parser.add_argument("--budget", default=LOCAL_PRESET, choices=list(BUDGET_PRESETS),
+                        help=f"budget preset (default {LOCAL_PRESET}, what `make run` runs)")
     parser.add_argument("--no-distill", action="store_true", help="optimize the instruction as written")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from promptdistill.core.display import format_number
-from promptdistill.core.settings import check, setting
+from promptdistill.core.settings import check, restated, setting
 from promptdistill.distill.candidates import ClauseScore, DistillCandidate, agreement_rate, prune_keep_sets
 from promptdistill.specs.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
 from promptdistill.distill.result import DistillResult, clause_rows
@@ -46,10 +46,10 @@ from promptdistill.engine.meter import CallMeter
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
 from promptdistill.judges.calibration import equivalence_agreement
 from promptdistill.judges.runner import JudgeRunner
-from promptdistill.search.budget import Budget
+from promptdistill.search.budget import Budget, SearchBudget
 from promptdistill.search.held_out import check_on_test
-from promptdistill.search.racing import (Candidate, RaceSettings, Selection, paired_mean, plan_from_screen, screen,
-                                         screen_then_race, select)
+from promptdistill.search.racing import (Candidate, RaceKnobs, RaceSettings, Selection, paired_mean, plan_from_screen,
+                                         screen, screen_then_race, select)
 from promptdistill.search.selection import KEPT
 from promptdistill.search.references import fill_references
 from promptdistill.search.splits import Splits, split_records
@@ -64,34 +64,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DistillConfig:
-    """Every knob of the loop. The defaults fit a few minutes with SmolLM2-135M on an idle
-    2-core CPU; on a busy machine the time budget cuts the search short."""
+class DistillConfig(SearchBudget, RaceKnobs):
+    """Every knob of the loop: the search's records and limits (:class:`SearchBudget`), the
+    race's (:class:`RaceKnobs`), and the distiller's own. The defaults fit a few minutes with
+    SmolLM2-135M on an idle 2-core CPU; on a busy machine the time cap cuts the search short."""
 
     seed: int = setting(0, "shuffles the dev/test records and seeds every request: same seed, same result")
-    screen_size: int = setting(16, "dev records for ablation and screening (never used to certify)", at_least=1)
-    dev_size: int = setting(1000, "dev records in all: the screen records, then the race's certify pool", at_least=1)
-    test_size: int = setting(200, "held-out test records for the final check", at_least=0)
+    max_lm_calls: int = restated(SearchBudget, "max_lm_calls", 1500)
+    max_minutes: float = restated(SearchBudget, "max_minutes", 10.0)
     thresholds: tuple[float, ...] = setting((0.5, 0.75), "necessity thresholds for pruning (judge and combined "
                                             "scores are in [0, 1])", at_least=0, at_most=1)
     target_ratios: tuple[float, ...] = setting((0.5, 0.3), "rewrite targets: share of the unprotected clauses' "
                                                "words to aim for", above=0, below=1)
     max_rounds: int = setting(2, "most rounds of prune and rewrite", at_least=1)
-    max_lm_calls: int = setting(1500, "the budget: LM requests (generation, judges, repairs), test included", at_least=1)
-    max_minutes: float = setting(10.0, "the time budget: a step starts only if it is projected to end in time", above=0)
     max_quality_drop: float | None = setting(None, "largest allowed drop of the mean score; unset: the spec's "
                                              "slo.max_quality_drop")
-    alpha: float = setting(0.1, "chance of certifying any finalist that is worse than the allowed drop",
-                           above=0, below=0.5)
-    finalists: int = setting(3, "candidates handed to the optimizer and, at most, raced in turn on the certify records "
-                                "(alpha is split among those the pool has room for)", at_least=1)
-    first_look: int = setting(50, "certify records of the race's first look (then doubling; every this many for the "
-                                  "confidence sequence: continuous scores or pools under 100)", at_least=1)
     # The nightly turns the race off: the optimizer races the same finalists (with its
     # example settings) against the same baseline, so a race here would spend the same records twice.
     race: bool = setting(True, "race the finalists on the certify records")
-    screen_every: bool = setting(False, "screen every candidate (the candidates table shows each one's quality); off: "
-                                 "only those that could still be chosen (the same choice, fewer LM calls)")
     ablation: bool = setting(True, "score clauses by ablation too (drop each, measure the screen score)")
     ablate_clear: bool = setting(False, "ablate the clauses the judge scored 1 or 5 too; off: ablation spends its "
                                  "screen records only on the clauses the judge is unsure of (2-4, or no score)")
@@ -134,8 +124,7 @@ class _Run:
         judge_lm = self.meter if judge_engine is None else CallMeter(judge_engine)
         self.runner = JudgeRunner(judge_lm, seed=config.seed)
         self.max_drop = spec.slo.max_quality_drop if config.max_quality_drop is None else config.max_quality_drop
-        self.settings = RaceSettings(margin=self.max_drop, alpha=config.alpha, finalists=config.finalists,
-                                     first_look=config.first_look, discrete=spec.metric.discrete)
+        self.settings = RaceSettings.of(config, margin=self.max_drop, discrete=spec.metric.discrete)
         self.per_record = judge_cost(spec, 1)
         test_calls = 2 * judge_cost(spec, len(self.splits.test))
         self.budget = Budget(self.meter, max_calls=config.max_lm_calls, max_minutes=config.max_minutes,

@@ -66,7 +66,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
@@ -74,6 +74,7 @@ import numpy as np
 from scipy.stats import binomtest, norm
 
 from promptdistill.core.display import format_number
+from promptdistill.core.settings import check, setting
 from promptdistill.core.stats import paired_diffs
 from promptdistill.evaluate.evaluator import EvalReport
 from promptdistill.search.budget import Budget
@@ -93,6 +94,7 @@ __all__ = [
     "Candidate",
     "Decision",
     "NON_INFERIOR",
+    "RaceKnobs",
     "RaceSettings",
     "Selection",
     "FASTER",
@@ -144,30 +146,43 @@ never replaces it: a tie may not hide a slowdown a service would notice."""
 
 
 @dataclass(frozen=True)
-class RaceSettings:
-    """How a race decides. Every field has a default; ``margin`` is the spec's."""
+class RaceKnobs:
+    """How a race decides, as a user sets it, declared once: the distiller's ``DistillConfig``
+    and the optimizer's ``SelectionRule`` inherit these fields; :class:`RaceSettings` adds
+    what the spec fixes (the margin, the kind of score)."""
+
+    alpha: float = setting(0.1, "chance of certifying any finalist whose quality drop exceeds the allowed one "
+                           "(family-wise over the finalists)", above=0, below=0.5)
+    finalists: int = setting(3, "most candidates raced in turn on the certify records after screening (alpha is split "
+                             "among those the pool has room for); the distiller hands as many to the optimizer",
+                             at_least=1)
+    first_look: int = setting(50, "certify records of the race's first look (then doubling up to the pool; every this "
+                              "many for the confidence sequence: continuous scores or pools under 100)", at_least=1)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaceSettings(RaceKnobs):
+    """A race as it runs on one spec: the knobs (:class:`RaceKnobs`), the margin and the kind of score."""
 
     margin: float
     """Largest allowed drop of the mean score (the spec's ``slo.max_quality_drop``)."""
-    alpha: float = 0.1
-    """Chance of certifying any finalist that is worse than the margin (family-wise)."""
-    finalists: int = 3
-    """Most candidates raced in turn after screening (alpha is split among those the plan admits)."""
-    first_look: int = 50
-    """Certify records of the first look; each later look doubles it, up to the pool (the
-    confidence sequence, valid at every record, looks every ``first_look`` records: continuous
-    scores, and discrete ones on pools under ``MIN_GROUP_SEQUENTIAL_POOL``)."""
     discrete: bool = True
     """Scores on a small grid (0/1, shares of a few checks): the group-sequential test;
-    False (judge, python metrics): the confidence sequence."""
+    False (judge, python metrics): the confidence sequence (also on discrete pools under
+    ``MIN_GROUP_SEQUENTIAL_POOL``, which look every ``first_look`` records)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.margin <= 1.0:
             raise ValueError(f"margin must be in [0, 1], got {self.margin}.")
-        if not 0.0 < self.alpha < 0.5:
-            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}.")
-        if self.finalists < 1 or self.first_look < 1:
-            raise ValueError(f"finalists and first_look must be at least 1, got {self.finalists}, {self.first_look}.")
+
+    @classmethod
+    def of(cls, knobs: RaceKnobs, *, margin: float, discrete: bool) -> "RaceSettings":
+        """The race ``knobs`` (any settings class that inherits them) on a spec's margin and kind of score."""
+        return cls(**{f.name: getattr(knobs, f.name) for f in fields(RaceKnobs)}, margin=margin, discrete=discrete)
 
 
 @dataclass(frozen=True)
