@@ -6,14 +6,20 @@ necessity judge agreed with ablation, and (programmatic metrics) how often
 ``answer_equivalence`` agreed with the metric, with the majority-class rate and kappa
 beside it. LM results are cached in the state dir, so a re-run costs no LM calls.
 
+The distiller runs with a budget preset's settings (``--budget``, default ``full``: the
+library defaults; the flags below replace single settings), with its own race on and every
+clause ablated: the nightly's presets leave the race to the optimizer, and this benchmark
+measures the distiller's decision and the judge against ablation.
+
 Usage:
-    python -m bench.bench_distill [ticket_triage word_problems ...] [--budget-calls 600]
+    python -m bench.bench_distill [ticket_triage word_problems ...] [--budget full] [--budget-calls 600]
         [--dev 24] [--test 24] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from bench.common import bundled_specs, setup, write_report
@@ -22,23 +28,27 @@ setup()
 
 from promptdistill.core.config import load_settings  # noqa: E402
 from promptdistill.core.display import format_number  # noqa: E402
+from promptdistill.pipeline.presets import BUDGET_PRESETS, DEFAULT_PRESET  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", help="spec names (default: every spec in prompts/)")
-    parser.add_argument("--budget-calls", type=int, default=600)
-    parser.add_argument("--budget-minutes", type=float, default=20.0)
-    parser.add_argument("--dev", type=int, default=400, help="dev records: screen, then the race's pool")
-    parser.add_argument("--test", type=int, default=200)
-    parser.add_argument("--screen", type=int, default=16)
+    parser.add_argument("--budget", default=DEFAULT_PRESET, choices=list(BUDGET_PRESETS),
+                        help=f"budget preset whose distiller settings are used (default {DEFAULT_PRESET})")
+    parser.add_argument("--budget-calls", type=int, help="max_lm_calls (default: the preset's)")
+    parser.add_argument("--budget-minutes", type=float, help="max_minutes (default: the preset's)")
+    parser.add_argument("--dev", type=int, help="dev records: screen, then the race's pool (default: the preset's)")
+    parser.add_argument("--test", type=int, help="test records (default: the preset's)")
+    parser.add_argument("--screen", type=int, help="screen records (default: the preset's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.specs = args.specs or bundled_specs()
 
     from promptdistill.cli.distill import format_result
     from promptdistill.cli.search_args import stage_folder
-    from promptdistill.distill import DistillConfig, distill
+    from promptdistill.distill import distill
+    from promptdistill.pipeline.budgets import budget_preset
     from promptdistill.engine import load_engine
     from promptdistill.engine.cache import CachedEngine
     from promptdistill.pipeline.stages import lm_cache_path
@@ -46,8 +56,10 @@ def main() -> None:
 
     settings = load_settings()
     # ablate_clear: the agreement column needs every clause ablated, not only the judge's unsure ones.
-    config = DistillConfig(seed=args.seed, max_lm_calls=args.budget_calls, max_minutes=args.budget_minutes,
-                           dev_size=args.dev, test_size=args.test, screen_size=args.screen, ablate_clear=True)
+    given = {"max_lm_calls": args.budget_calls, "max_minutes": args.budget_minutes, "dev_size": args.dev,
+             "test_size": args.test, "screen_size": args.screen}
+    config = replace(budget_preset(args.budget)["distill"], seed=args.seed, race=True, ablate_clear=True,
+                     **{k: v for k, v in given.items() if v is not None})
     rows, judges = [], {}
     with load_engine(settings.engine) as engine:
         cached = CachedEngine(engine, lm_cache_path(settings.state_dir))
@@ -77,7 +89,8 @@ def main() -> None:
         )
     markdown = "\n".join(lines)
     print("\n" + markdown)
-    write_report("distill", {"config": {k: getattr(config, k) for k in ("seed", "max_lm_calls", "dev_size", "test_size",
+    write_report("distill", {"budget": args.budget,
+                             "config": {k: getattr(config, k) for k in ("seed", "max_lm_calls", "dev_size", "test_size",
                                                                          "screen_size", "max_rounds", "alpha")},
                              "specs": rows, "judges": judges}, markdown)
 

@@ -33,10 +33,12 @@ from promptdistill.core.display import format_number  # noqa: E402
 from promptdistill.engine import load_engine  # noqa: E402
 from promptdistill.optimize.select import SelectionRule  # noqa: E402
 from promptdistill.pipeline.budgets import budget_preset  # noqa: E402
+from promptdistill.pipeline.presets import BUDGET_PRESETS, LOCAL_PRESET  # noqa: E402
 from promptdistill.pipeline.jobs import prepare_job  # noqa: E402
 from promptdistill.pipeline.stages import distill_stage, lm_cache_path, optimize_stage, result_figures  # noqa: E402
 from promptdistill.pipeline.ttft_models import load_ttft_model  # noqa: E402
 from promptdistill.registry.store import Registry  # noqa: E402
+from promptdistill.search.selection import SelectionRecord  # noqa: E402
 
 
 def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: Path, seed: int,
@@ -58,11 +60,13 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
     figures = result_figures(result)
     b, w = result["baseline"], result["winner"]
     decision = w.get("decision") or {}
+    selection = SelectionRecord.from_result(result)
     row = {
-        "spec": name, "winner": result["winner_id"], "kept_baseline": result["kept_baseline"],
-        "reason": result["reason"], "plan": result.get("plan_text"), "margin": result["max_quality_drop"],
+        "spec": name, "winner": selection.winner, "kept_baseline": selection.kept, "clause": selection.clause,
+        "reverted_from": selection.reverted_from,
+        "reason": selection.reason, "plan": result.get("plan_text"), "margin": result["max_quality_drop"],
         # Kept: the records the race spent on its finalists (the baseline was scored on all of them).
-        "race_records": decision.get("n") if not result["kept_baseline"] else b.get("race_n", 0),
+        "race_records": decision.get("n") if not selection.kept else b.get("race_n", 0),
         "diff_lower": decision.get("lower"), "diff_upper": decision.get("upper"),
         "alpha": decision.get("alpha"), "warm_share": result["warm_share"],
         "warm_share_source": result["warm_share_source"], "minutes": round(minutes, 2),
@@ -120,7 +124,8 @@ def markdown(rows: list[dict[str, Any]], preset_name: str) -> str:
              "[95% CI], cold / warm | static prefix cached (warm) | test quality [95% CI] | LM calls | tokens | minutes |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        outcome = "baseline kept" if r["kept_baseline"] else f"certified: {r['winner']}"
+        outcome = (f"baseline kept ({r['reverted_from']} reverted on test)" if r.get("reverted_from") else
+                   "baseline kept" if r["kept_baseline"] else f"{r['clause']}: {r['winner']}")
         lines.append(
             f"| {r['spec']} | {outcome} | {r['margin']:g} | {_f(r['race_records'], 'd')} | "
             f"{_f(r['diff_lower'], '+.3f')} | "
@@ -146,7 +151,8 @@ def markdown(rows: list[dict[str, Any]], preset_name: str) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", help="spec names (default: every spec in prompts/)")
-    parser.add_argument("--budget", default="quick", help="budget preset (smoke, quick, full; default quick)")
+    parser.add_argument("--budget", default=LOCAL_PRESET, choices=list(BUDGET_PRESETS),
+                        help=f"budget preset (default {LOCAL_PRESET}, what `make run` runs)")
     parser.add_argument("--no-distill", action="store_true", help="optimize the instruction as written")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

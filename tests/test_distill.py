@@ -106,6 +106,34 @@ def test_distill_prunes_what_is_not_needed_and_keeps_what_is(triage):
     assert spec == load_spec("ticket_triage")  # the input is not changed
 
 
+def test_a_distilled_winner_that_fails_on_test_is_reverted_as_the_optimizer_would(triage):
+    """The distiller checks its winner on the test split with the optimizer's function: a
+    shorter instruction certified on dev but wrong on every test record is not the winner."""
+    spec, splits = triage
+    engine = triage_engine(records(splits))
+    test_tickets = {r["inputs"]["ticket"] for r in splits.test}
+    every_clause = [c.text for c in split_clauses(spec)]
+    dev_reply = engine.reply
+
+    def reply(req):
+        system, user = req.chat()[0]["content"], req.chat()[-1]["content"]
+        label = json.loads(dev_reply(req)).get("label")
+        if label is not None and user.removeprefix("Ticket: ") in test_tickets \
+                and not all(c in system for c in every_clause):
+            return json.dumps({"label": "technical" if label != "technical" else "billing"})
+        return dev_reply(req)
+
+    engine.reply = reply
+    result = distill(engine, spec, config=small(max_rounds=1, calibrate=False), splits=splits)
+    chosen = result.selection
+    assert chosen.kept and chosen.reverted_from is not None and chosen.chosen_clause == "faster"
+    assert result.winner is result.original and "REVERTED on test" in result.reason
+    assert f"{chosen.reverted_from} scored -1.000 against the baseline on 6 records (allowed drop 0.1)" in result.reason
+    assert result.test["reverted"].mean == 0.0 and result.test["winner"].mean == result.test["original"].mean == 1.0
+    assert result.summary()["selection"]["reverted_from"] == chosen.reverted_from
+    assert "all 6 records in one look" in result.test_stop
+
+
 def test_ablation_spends_records_only_where_the_judge_is_unsure(triage):
     spec, splits = triage
     prunable = [c for c in split_clauses(spec) if not c.protected]

@@ -38,6 +38,7 @@ from promptdistill.optimize.run import OptimizeRun, measured_hit_rate, warm_shar
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, unmeasured_quality
 from promptdistill.optimize.variants import DESCRIBED, described_variant, reply_reminder, with_reply_reminder
 from promptdistill.search.racing import Decision, select
+from promptdistill.search.selection import FASTER, KEPT, TIE
 from promptdistill.specs.datasets import dataset_for, records
 from promptdistill.specs.prompt import spec_messages
 from promptdistill.ttft.estimators import MonomialRegressor
@@ -391,15 +392,13 @@ def test_the_resolution_is_the_ttft_models_error_and_a_tie_needs_the_baselines_q
     assert run.resolution(base, certified("x", 190.0, 1, [0.0] * 4)) == 10.0  # 5% of the larger prediction
     # 192 ms is within 5% of 200 ms: a tie with the baseline; fewer static tokens do not
     # make up for lower quality, the same quality does.
-    winner, reason = select(base, [certified("shorter_worse", 192.0, 250, [1.0, 0.0, 0.0, 0.0])],
-                            resolution=run.resolution)
-    assert winner is base and reason.startswith("kept: ")
-    winner, reason = select(base, [certified("shorter_same", 192.0, 250, [1.0, 0.0, 1.0, 0.0])],
-                            resolution=run.resolution)
-    assert winner.id == "shorter_same" and reason.startswith("tie, no worse: ")
+    chosen = select(base, [certified("shorter_worse", 192.0, 250, [1.0, 0.0, 0.0, 0.0])], resolution=run.resolution)
+    assert chosen.winner is base and chosen.clause == KEPT and chosen.reason.startswith("kept: ")
+    chosen = select(base, [certified("shorter_same", 192.0, 250, [1.0, 0.0, 1.0, 0.0])], resolution=run.resolution)
+    assert chosen.winner.id == "shorter_same" and chosen.clause == TIE and chosen.reason.startswith("tie, no worse: ")
     # 180 ms is more than 5% below: faster beyond the resolution, static tokens do not matter.
-    winner, reason = select(base, [certified("faster", 180.0, 900, [1.0, 0.0, 0.0, 0.0])], resolution=run.resolution)
-    assert winner.id == "faster" and reason.startswith("faster: ")
+    chosen = select(base, [certified("faster", 180.0, 900, [1.0, 0.0, 0.0, 0.0])], resolution=run.resolution)
+    assert chosen.winner.id == "faster" and chosen.clause == FASTER and chosen.reason.startswith("faster: ")
 
 
 # --- plumbing on the FakeEngine (not a claim about the real model) ---------------------------
@@ -630,6 +629,10 @@ def test_a_winner_that_fails_on_test_is_reverted_to_the_baseline(triage):
                       distill_candidates=[("short", short)])
     assert result.kept_baseline and result.winner_id == "baseline"
     assert "REVERTED on test" in result.reason and result.verification["reverted_from"] == "short/none"
+    chosen = result.selection
+    assert (chosen.kept, chosen.winner, chosen.reverted_from, chosen.chosen_clause) == (True, "baseline", "short/none",
+                                                                                        FASTER)
+    assert result.to_json()["selection"]["reverted_from"] == "short/none"
     assert result.winner["test_mean"] == result.baseline["test_mean"]
     assert result.winner_spec == spec  # the published template is the baseline's
 
@@ -638,7 +641,7 @@ def _test_split_run(spec, records, winner_wrong):
     """score_test on ``records``: the baseline answers every record right, the winner (a
     shorter instruction) wrong on the records whose ids are in ``winner_wrong``."""
     from promptdistill.evaluate.evaluator import EvalItem
-    from promptdistill.optimize.verify import score_test
+    from promptdistill.search.held_out import score_test
 
     short = spec.with_changes(instruction="Pick the team for this ticket.")
     expected = {r["inputs"]["ticket"]: r["expected"]["label"] for r in records}
@@ -653,7 +656,38 @@ def _test_split_run(spec, records, winner_wrong):
 
     engine = CallMeter(FakeEngine(reply=reply))
     items = lambda recs: [EvalItem(spec, recs), EvalItem(short, recs)]  # noqa: E731
-    return engine, lambda line: score_test(engine, items, records, line=line, judge_runner=None, seed=0)
+    score = lambda line: score_test(engine, items, records, line=line, judge_runner=None, seed=0)  # noqa: E731
+    score.items = items
+    return engine, score
+
+
+def test_the_test_check_allows_a_tie_no_drop_and_a_faster_winner_the_allowed_one(triage):
+    """One function checks both stages' winners: a tie (chosen for being no worse) is
+    reverted by any drop on the test split, a faster winner only by more than the allowed one."""
+    from promptdistill.search.held_out import check_on_test
+    from promptdistill.search.racing import Candidate, Selection
+
+    spec, _, dev = triage
+    test = dev[:40]  # under 2 x MIN_LOOK: one look, every record
+    base, short = Candidate("baseline", spec), Candidate("short", spec)
+    for clause, reverted in ((TIE, True), (FASTER, False)):
+        engine, score = _test_split_run(spec, test, winner_wrong={test[0]["id"]})  # a mean of -1/40
+        chosen = Selection(short, base, clause, f"{clause}: short", "expected TTFT", 5.0, (-0.01, 0.02))
+        check = check_on_test(chosen, score.items, test, engine=engine, judge_runner=None, seed=0, max_drop=0.05)
+        assert check.diff_mean == pytest.approx(-0.025) and check.reverted == reverted, clause
+        assert check.allowed_drop == (0.0 if clause == TIE else 0.05)
+        if reverted:
+            assert (check.selection.winner, check.selection.clause, check.selection.reverted_from) == (base, KEPT, short)
+            assert check.selection.reason == (f"{TIE}: short; REVERTED on test: short scored -0.025 against the baseline "
+                                              "on 40 records (a tie on expected TTFT must be at least as good as the "
+                                              "baseline); keeping the baseline")
+        else:
+            assert check.selection is chosen
+    # Nothing to revert (a kept baseline, or verify_on_test off): scored for the report only.
+    engine, score = _test_split_run(spec, test, winner_wrong={r["id"] for r in test})
+    chosen = Selection(short, base, FASTER, "faster: short")
+    assert not check_on_test(chosen, score.items, test, engine=engine, judge_runner=None, seed=0, max_drop=0.05,
+                             revert=False).reverted
 
 
 def test_the_test_split_stops_after_its_first_half_when_that_decides(triage):

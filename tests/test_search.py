@@ -49,6 +49,7 @@ from promptdistill.search.racing import (
     screen_then_race,
     select,
 )
+from promptdistill.search.selection import FASTER, KEPT, TIE
 from promptdistill.search.sequential import (
     ConfidenceSequenceTest,
     GroupSequentialTest,
@@ -882,7 +883,7 @@ def test_screen_then_race_screens_for_the_next_finalist_only_when_one_fails():
     assert plan.alpha == pytest.approx(0.1 / 3)
     assert (c1.decision.verdict, c1.decision.alpha) == ("inferior", pytest.approx(0.1 / 3))
     assert (c2.decision.verdict, c2.decision.n) == ("non-inferior", 100)
-    assert select(base, raced, resolution=EXACT)[0] is c2
+    assert select(base, raced, resolution=EXACT).winner is c2
     assert len(lines) == 4
 
 
@@ -960,8 +961,8 @@ def test_a_certified_finalist_selection_would_not_take_does_not_end_the_race():
                                 settings=RaceSettings(margin=0.1, alpha=0.1, finalists=3), resolution=five,
                                 every=False)
     assert [c.id for c in raced] == ["a", "b"] and all(c.decision.certified for c in raced)
-    winner, why = select(base, raced, resolution=five)
-    assert winner is raced[1] and why.startswith("tie, no worse: b")
+    chosen = select(base, raced, resolution=five)
+    assert chosen.winner is raced[1] and chosen.clause == TIE and chosen.reason.startswith("tie, no worse: b")
 
 
 def test_screen_then_race_with_one_admitted_finalist_races_no_fallback():
@@ -1030,8 +1031,9 @@ def test_race_under_a_budget_says_the_budget_ended_it_and_races_no_one_after():
     assert (a.decision.verdict, a.decision.n) == ("undecided", 100)
     assert a.decision.reason.startswith(f"undecided: {reason} after 100 of 200 certify records; bounds")
     assert b.decision == Decision("not raced", alpha=0.05, reason=f"not raced: {reason}")
-    winner, why = select(base, [a, b], resolution=EXACT)
-    assert winner is base and why == (f"kept: no candidate certified non-inferior (a: undecided: {reason} after 100 of "
+    chosen = select(base, [a, b], resolution=EXACT)
+    winner, why = chosen.winner, chosen.reason
+    assert chosen.kept and winner is base and why == (f"kept: no candidate certified non-inferior (a: undecided: {reason} after 100 of "
                                       f"200 certify records; bounds [{a.decision.lower:+.3f}, {a.decision.upper:+.3f}] "
                                       f"after 100 records (group-sequential, alpha 0.05); b: not raced: {reason}); "
                                       "keeping the baseline")
@@ -1071,14 +1073,16 @@ def test_select_keeps_the_baseline_when_nothing_is_certified():
     base = cand("baseline", 100.0, static=300)
     undecided = cand("u", 10.0)
     undecided.decision = Decision("undecided", 50, 0.0, -0.2, 0.2, 0.05, "undecided")
-    winner, reason = select(base, [undecided], resolution=EXACT)
-    assert winner is base and reason == "kept: no candidate certified non-inferior; keeping the baseline"
-    assert select(base, [], resolution=EXACT)[0] is base
+    chosen = select(base, [undecided], resolution=EXACT)
+    assert chosen.winner is base and chosen.clause == KEPT and chosen.kept
+    assert chosen.reason == "kept: no candidate certified non-inferior; keeping the baseline"
+    assert (chosen.resolution, chosen.bounds, chosen.reverted_from) == (None, None, None)
+    assert select(base, [], resolution=EXACT).winner is base
     # A finalist that was raced and failed says how, in numbers.
     stopped = cand("s", 10.0)
     stopped.raced = fake_report("s", [0.0] * 4)
     stopped.decision = Decision("stopped", 400, -0.08, -0.126, -0.021, 0.1, "stopped for futility: bounds [...]")
-    assert select(base, [stopped, undecided], resolution=EXACT)[1] == (
+    assert select(base, [stopped, undecided], resolution=EXACT).reason == (
         "kept: no candidate certified non-inferior (s: stopped for futility: bounds [...]); keeping the baseline")
 
 
@@ -1086,10 +1090,16 @@ def test_select_takes_the_lowest_cost_certified_candidate():
     base = cand("baseline", 100.0, static=300)
     cheapest_inferior = cand("inf", 20.0)
     cheapest_inferior.decision = Decision("inferior", 50, -0.5, -0.7, -0.3, 0.05, "certified inferior")
-    winner, reason = select(base, [certified("b", 70.0), cheapest_inferior, certified("a", 50.0)],
-                            resolution=EXACT)
-    assert winner.id == "a"
-    assert reason == ("faster: a: certified non-inferior (a); cost 50.0 vs baseline 100.0, lower by more than the "
+    chosen = select(base, [certified("b", 70.0), cheapest_inferior, certified("a", 50.0)], resolution=EXACT,
+                    latency="instruction tokens")
+    winner, reason = chosen.winner, chosen.reason
+    assert winner.id == "a" and chosen.clause == FASTER and not chosen.kept
+    assert (chosen.resolution, chosen.bounds, chosen.latency) == (0.0, (winner.decision.lower, winner.decision.upper),
+                                                                  "instruction tokens")
+    assert chosen.record().to_dict()["winner"] == "a" and chosen.record().clause == FASTER
+    # The reason names the latency that decided beside its figures.
+    assert reason == ("faster: a: certified non-inferior (a); instruction tokens 50.0 vs baseline 100.0, lower by "
+                      "more than the "
                       "resolution (0.0)")
 
 
@@ -1111,17 +1121,17 @@ def test_select_breaks_ties_among_candidates_by_quality_then_static_tokens():
     base.raced = fake_report("baseline", [0.5] * 8)  # 8 records all one way: a clear difference (sign test)
     five = lambda a, b: 5.0  # noqa: E731
     # 50 and 53 tie: the higher quality wins, although the other is cheaper and shorter.
-    winner, _ = select(base, [certified_vs(base, "a", 50.0, static=100, gap=-0.02),
-                              certified_vs(base, "b", 53.0, static=150, gap=0.01)], resolution=five)
+    winner = select(base, [certified_vs(base, "a", 50.0, static=100, gap=-0.02),
+                           certified_vs(base, "b", 53.0, static=150, gap=0.01)], resolution=five).winner
     assert winner.id == "b"
     # Same quality: fewer static tokens, in either order of cost.
     for costs in ((50.0, 53.0), (53.0, 50.0)):
-        winner, _ = select(base, [certified_vs(base, "long", costs[0], static=200),
-                                  certified_vs(base, "short", costs[1], static=150)], resolution=five)
+        winner = select(base, [certified_vs(base, "long", costs[0], static=200),
+                               certified_vs(base, "short", costs[1], static=150)], resolution=five).winner
         assert winner.id == "short", costs
     # Beyond the resolution, cost wins over quality and static tokens.
-    winner, _ = select(base, [certified_vs(base, "a", 50.0, static=200, gap=-0.03),
-                              certified_vs(base, "b", 56.0, static=150, gap=0.1)], resolution=five)
+    winner = select(base, [certified_vs(base, "a", 50.0, static=200, gap=-0.03),
+                           certified_vs(base, "b", 56.0, static=150, gap=0.1)], resolution=five).winner
     assert winner.id == "a"
 
 
@@ -1142,11 +1152,11 @@ def test_a_quality_lead_within_noise_does_not_outweigh_fewer_static_tokens():
     short = scored("short", 52.0, 150, noisy)
     long_lead = scored("long", 50.0, 200, [1.0, 1.0] + noisy[2:])  # one record better: noise
     assert not clearly_better(long_lead, short)
-    assert select(base, [long_lead, short], resolution=five)[0].id == "short"
-    assert select(base, [short, long_lead], resolution=five)[0].id == "short"
+    assert select(base, [long_lead, short], resolution=five).winner.id == "short"
+    assert select(base, [short, long_lead], resolution=five).winner.id == "short"
     clear_lead = scored("clear", 50.0, 200, [1.0] * 16)
     assert clearly_better(clear_lead, short) and not clearly_better(short, clear_lead)
-    assert select(base, [clear_lead, short], resolution=five)[0].id == "clear"
+    assert select(base, [clear_lead, short], resolution=five).winner.id == "clear"
     # The screen's finalists follow the same rule (the screen records alone).
     for c, scores in ((short, noisy), (long_lead, [1.0, 1.0] + noisy[2:])):
         c.screen, c.raced = fake_report(c.id, scores), None
@@ -1176,25 +1186,28 @@ def test_select_never_replaces_the_baseline_with_a_prompt_that_is_no_faster_and_
     base = baseline_at(124.4, static=398, mean=0.37)
     res = lambda a, b: 16.9  # noqa: E731 - the TTFT model's error at this cost
     slower_worse = certified_vs(base, "r1/fixed2", 127.6, static=205, gap=-0.065)
-    winner, reason = select(base, [slower_worse], resolution=res)
-    assert winner is base
+    chosen = select(base, [slower_worse], resolution=res)
+    winner, reason = chosen.winner, chosen.reason
+    assert winner is base and chosen.clause == KEPT
     assert reason.startswith("kept: 1 candidate(s) certified non-inferior (r1/fixed2 cost 127.6, quality -0.065)")
     # The same at equal cost with quality 0.20 against 0.37 (the FINDINGS' select() probe).
     equal_cost = certified_vs(base, "same_cost", 124.4, static=100, gap=-0.17)
-    assert select(base, [equal_cost], resolution=res)[0] is base
+    assert select(base, [equal_cost], resolution=res).winner is base
     # Within the resolution and at least as good: replaced, and the reason names the clause.
     no_worse = certified_vs(base, "no_worse", 120.0, static=250, gap=0.0)
-    winner, reason = select(base, [slower_worse, no_worse], resolution=res)
-    assert winner.id == "no_worse" and reason.startswith("tie, no worse: no_worse: ")
+    chosen = select(base, [slower_worse, no_worse], resolution=res)
+    winner, reason = chosen.winner, chosen.reason
+    assert winner.id == "no_worse" and chosen.clause == TIE and reason.startswith("tie, no worse: no_worse: ")
+    assert chosen.resolution == 16.9
     assert "within the resolution (16.9) and its quality on the certify records is at least the baseline's (+0.000)" \
         in reason
     # Faster beyond the resolution: replaced even at a (certified non-inferior) lower quality.
     fast = certified_vs(base, "fast", 100.0, gap=-0.03)
-    winner, reason = select(base, [no_worse, fast], resolution=res)
-    assert winner.id == "fast" and reason.startswith("faster: fast: ")
+    chosen = select(base, [no_worse, fast], resolution=res)
+    assert chosen.winner.id == "fast" and chosen.clause == FASTER and chosen.reason.startswith("faster: fast: ")
     # A tie more than 5% dearer than the baseline never replaces it, whatever its quality.
     dearer = certified_vs(base, "dearer", 124.4 * 1.06, gap=0.1)
-    assert select(base, [dearer], resolution=lambda a, b: 20.0)[0] is base
+    assert select(base, [dearer], resolution=lambda a, b: 20.0).winner is base
 
 
 def test_select_does_not_chain_ties_past_the_resolution():
@@ -1203,7 +1216,7 @@ def test_select_does_not_chain_ties_past_the_resolution():
     a = certified_vs(base, "a", 100.0, static=200)
     b = certified_vs(base, "b", 103.0, static=150)
     c = certified_vs(base, "c", 107.0, static=100)
-    winner, _ = select(base, [a, b, c], resolution=rel)
+    winner = select(base, [a, b, c], resolution=rel).winner
     # a and b tie (3 < 5.15), b wins on static tokens (same quality); c is 7 above a (> 5.35): c must not win.
     assert winner.id == "b"
 

@@ -18,21 +18,26 @@ from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget
 from promptdistill.pipeline.ttft_models import TTFTFreshness
+from promptdistill.search.budget import SearchBudget
+from promptdistill.search.racing import RaceKnobs, RaceSettings
 from promptdistill.search.sequential import PlanAssumption
 from promptdistill.ttft.profile import ProfileConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Field order and defaults as the cache keys and the deployments' parameters hold them.
+# Field order and defaults as the deployments' parameters hold them (the cache keys sort the
+# fields by name: canonical_json). The shared fields come first, from the class that declares
+# them (SearchBudget, RaceKnobs).
 DEFAULTS = {
-    DistillConfig: dict(seed=0, screen_size=16, dev_size=1000, test_size=200, thresholds=(0.5, 0.75),
-                        target_ratios=(0.5, 0.3), max_rounds=2, max_lm_calls=1500, max_minutes=10.0,
-                        max_quality_drop=None, alpha=0.1, finalists=3, first_look=50, race=True, screen_every=False,
+    DistillConfig: dict(alpha=0.1, finalists=3, first_look=50, max_lm_calls=1500, max_minutes=10.0, screen_size=16,
+                        dev_size=1000, test_size=200, screen_every=False, seed=0, thresholds=(0.5, 0.75),
+                        target_ratios=(0.5, 0.3), max_rounds=2, max_quality_drop=None, race=True,
                         ablation=True, ablate_clear=False, rewrite=True, proposals=(), calibrate=True, judge_examples=3),
     OptimizeBudget: dict(max_lm_calls=4000, max_minutes=60.0, screen_size=16, dev_size=1000, test_size=200,
-                         fewshot_counts=(0, 2, 4, 8), similar_counts=(2, 4), fixed_subsets=2, max_variants=3, described=True,
-                         screen_every=False, block_aligned=True, reply_reminder=True, feature_records=6, timing_records=3, formats=True, format_size=16),
-    SelectionRule: dict(ttft="expected", warm_share=None, alpha=0.1, finalists=3, first_look=50,
+                         screen_every=False, fewshot_counts=(0, 2, 4, 8), similar_counts=(2, 4), fixed_subsets=2,
+                         max_variants=3, described=True, block_aligned=True, reply_reminder=True, feature_records=6,
+                         timing_records=3, formats=True, format_size=16),
+    SelectionRule: dict(alpha=0.1, finalists=3, first_look=50, ttft="expected", warm_share=None,
                         allow_per_request_examples=False, verify_on_test=True),
     TTFTBudget: dict(points=40, repeats=3, spec_records=2, max_minutes=30.0, density_probe_tokens=(256, 1024),
                      fewshot_probe=True, queue_batches=((4, 384), (8, 768), (3, 1536)), matmul_probe=True,
@@ -110,6 +115,28 @@ def test_the_edges_of_each_range_are_accepted(cls, values):
     assert {k: getattr(obj, k) for k in values} == values
 
 
+KNOBS = ("screen_size", "dev_size", "test_size", "max_lm_calls", "max_minutes", "screen_every", "alpha", "finalists",
+         "first_look")
+"""The search's and the race's settings both stages take."""
+
+
+def test_each_search_and_race_knob_is_declared_once():
+    """Declared in two classes, a knob's help and bounds drift apart (the distiller's time
+    budget said a step starts "only if projected to end in time", the search's Budget that
+    time is never projected). Grep the package: each is declared as a setting once."""
+    declared: dict[str, list[str]] = {name: [] for name in KNOBS}
+    pattern = re.compile(rf"^\s+({'|'.join(KNOBS)})\s*:[^=\n]*=\s*setting\(", re.M)
+    for path in sorted((REPO / "promptdistill").rglob("*.py")):
+        for match in pattern.finditer(path.read_text(encoding="utf-8")):
+            declared[match.group(1)].append(str(path.relative_to(REPO)))
+    assert {name: len(where) for name, where in declared.items()} == dict.fromkeys(KNOBS, 1), declared
+    # Every stage's field carries that one declaration (a stage's own default restates only the number).
+    stages = (SearchBudget, RaceKnobs, RaceSettings, DistillConfig, OptimizeBudget, SelectionRule)
+    for name in KNOBS:
+        settings = {id(f.metadata["setting"]) for cls in stages for f in dataclasses.fields(cls) if f.name == name}
+        assert len(settings) == 1, name
+
+
 def test_lists_given_for_tuple_fields_become_tuples():
     assert OptimizeBudget(fewshot_counts=[0, 2]).fewshot_counts == (0, 2)
     assert DistillConfig(thresholds=[0.5]).thresholds == (0.5,)
@@ -181,6 +208,29 @@ def test_help_follows_a_changed_declaration(command, flag, cls, name, capsys, mo
 def test_the_help_of_unset_settings_says_what_unset_means(capsys):
     assert "unset: measured" in _option_help(_help(["optimize"], capsys), "--warm-share")
     assert "unset: the engine's context limit" in _option_help(_help(["ttft", "profile"], capsys), "--max-tokens")
+
+
+def test_every_entrypoint_defaults_to_one_preset_or_says_why_not(capsys):
+    """The flows (the deployments), ``plan`` and the presets' table agree on one default;
+    ``promptdistill nightly`` runs on the machine at hand and its help says so."""
+    import inspect
+
+    import promptdistill.flows.nightly as nightly_flow
+    import promptdistill.flows.optimize_prompt as optimize_flow
+    from promptdistill.pipeline.budgets import budget_preset
+    from promptdistill.pipeline.presets import DEFAULT_PRESET, LOCAL_PRESET, PRESETS
+
+    for flow in (nightly_flow.nightly, optimize_flow.optimize_prompt):
+        assert inspect.signature(flow.fn).parameters["preset"].default == DEFAULT_PRESET, flow.name
+    parser = build_parser()
+    assert parser.parse_args(["plan", "x"]).budget == DEFAULT_PRESET
+    assert parser.parse_args(["nightly"]).budget == LOCAL_PRESET != DEFAULT_PRESET
+    assert (f"(default {LOCAL_PRESET}: this command runs on the machine at hand; the deployed flows and "
+            f"`promptdistill plan` default to {DEFAULT_PRESET})") in _option_help(_help(["nightly"], capsys), "--budget")
+    # The default preset is the library defaults, but for the distiller's race (left to the optimizer).
+    assert budget_preset(DEFAULT_PRESET) == {"ttft_budget": TTFTBudget(), "distill": DistillConfig(race=False),
+                                             "budget": OptimizeBudget(), "selection": SelectionRule()}
+    assert all(row["distill"]["race"] is False for row in PRESETS.values())
 
 
 # ------------------------------------------------------------------ flags to settings

@@ -29,7 +29,7 @@ from typing import Any
 
 from promptdistill.core.env import apply_defaults
 from promptdistill.core.settings import DeclaredHelp, SettingsHelpFormatter
-from promptdistill.pipeline.presets import BUDGET_PRESETS
+from promptdistill.pipeline.presets import BUDGET_PRESETS, DEFAULT_PRESET, LOCAL_PRESET
 
 __all__ = ["register"]
 
@@ -39,8 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("nightly", help="run the nightly flow (profile if stale, distill, optimize, publish)",
                               formatter_class=SettingsHelpFormatter)
     p.add_argument("--specs", help="comma-separated spec names (default: every spec in --prompts-dir)")
-    p.add_argument("--budget", choices=sorted(BUDGET_PRESETS), default="quick",
-                   help="how much work per spec: " + "; ".join(f"{k}: {v}" for k, v in BUDGET_PRESETS.items()))
+    p.add_argument("--budget", choices=sorted(BUDGET_PRESETS), default=LOCAL_PRESET,
+                   help="how much work per spec: " + "; ".join(f"{k}: {v}" for k, v in BUDGET_PRESETS.items())
+                   + f" (default {LOCAL_PRESET}: this command runs on the machine at hand; the deployed flows "
+                   f"and `promptdistill plan` default to {DEFAULT_PRESET})")
     p.add_argument("--prompts-dir", default="prompts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-promote", action="store_true", help="publish as 'candidate' only; never move 'production'")

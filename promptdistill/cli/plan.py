@@ -19,14 +19,14 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from promptdistill.pipeline.presets import BUDGET_PRESETS  # no pandas: the parser builds without the pipeline
+    from promptdistill.pipeline.presets import BUDGET_PRESETS, DEFAULT_PRESET  # no pandas: the parser builds without the pipeline
 
     p = sub.add_parser("plan", help="how many records a certified decision needs for a spec (no LM calls)",
                        formatter_class=SettingsHelpFormatter)
     p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")
     p.add_argument("--prompts-dir", default="prompts")
-    p.add_argument("--budget", default="full", choices=list(BUDGET_PRESETS),
-                   help="the night's preset whose race is planned (default %(default)s, as the deployment runs)")
+    p.add_argument("--budget", default=DEFAULT_PRESET, choices=list(BUDGET_PRESETS),
+                   help="the night's preset whose race is planned (default %(default)s, as the deployed flows run)")
     p.add_argument("--discordance", type=float, default=None,
                    help=DeclaredHelp("promptdistill.search.sequential:PlanAssumption", "discordance"))
     p.add_argument("--alpha", type=float, default=None, help="family-wise error rate of the race (default: the preset's)")
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from promptdistill.pipeline.budgets import stage_settings
     from promptdistill.evaluate.evaluator import judge_cost
@@ -60,9 +60,8 @@ def _plan(args: argparse.Namespace) -> int:
     # verification of both held back.
     per_record = judge_cost(spec, 1)
     calls_left = budget.max_lm_calls - per_record * (2 * len(splits.screen) + 2 * min(len(splits.test), budget.test_size))
-    settings = RaceSettings(margin=spec.slo.max_quality_drop, alpha=alpha,
-                            finalists=raceable(finalists, calls_left, len(splits.certify), per_record),
-                            first_look=rule.first_look, discrete=spec.metric.discrete)
+    knobs = replace(rule, alpha=alpha, finalists=raceable(finalists, calls_left, len(splits.certify), per_record))
+    settings = RaceSettings.of(knobs, margin=spec.slo.max_quality_drop, discrete=spec.metric.discrete)
     admitted, plan = admitted_finalists(len(splits.certify), discordance=discordance, settings=settings,
                                         basis="assumed")
     if args.json:

@@ -22,9 +22,10 @@ __all__ = ["add_search_arguments", "budget_values", "flag_errors", "open_search"
 def add_search_arguments(p: argparse.ArgumentParser, *, budget: str, race: str) -> None:
     """Add the spec name, ``--prompts-dir``, ``--seed`` and the budget flags to ``p``.
 
-    ``budget`` and ``race`` are the settings classes (``"package.module:Class"``) that declare
-    the budget flags' and the race flags' (``--alpha``, ``--finalists``) fields: each search
-    has its own defaults and meaning of a budget, and each flag's help is its declaration's.
+    ``budget`` and ``race`` are the settings classes (``"package.module:Class"``) that hold
+    the budget flags' and the race flags' (``--alpha``, ``--finalists``) fields: both inherit
+    them from ``SearchBudget`` and ``RaceKnobs`` (one declaration, one help), each with its
+    own defaults, which each flag's help shows.
     The flags stay None when left out, so the declared default applies.
     """
     p.add_argument("name", help="spec name (prompts/NAME.yaml) or path")

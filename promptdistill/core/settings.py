@@ -1,7 +1,10 @@
 """A stage's settings declared once: each field's default, the values it accepts and its help.
 
 A settings class declares its fields with :func:`setting` and calls :func:`check` from
-``__post_init__``: a bad value is refused naming the class, the field and why. The CLI
+``__post_init__``: a bad value is refused naming the class, the field and why. Settings
+two stages share are declared on one class both inherit (``SearchBudget``,
+``RaceKnobs``); a stage that wants another default restates only that
+(:func:`restated`), never the help. The CLI
 adds its flags with :func:`add_setting_options`, whose ``--help`` is the declared help
 with the declared default, so a command's help cannot state another default than the code.
 """
@@ -17,8 +20,8 @@ import types
 import typing
 from typing import Any, Mapping
 
-__all__ = ["DeclaredHelp", "SettingError", "SettingsHelpFormatter", "add_setting_options", "check", "setting",
-           "setting_values"]
+__all__ = ["DeclaredHelp", "SettingError", "SettingsHelpFormatter", "add_setting_options", "check", "restated",
+           "setting", "setting_values"]
 
 _KEY = "setting"
 
@@ -65,6 +68,16 @@ def setting(default: Any, help: str, *, at_least: float | None = None, above: fl
             at_most: float | None = None, below: float | None = None, choices: tuple[Any, ...] = ()) -> Any:
     """A dataclass field with its default, the values it accepts and its one-line help."""
     return dataclasses.field(default=default, metadata={_KEY: Setting(help, at_least, above, at_most, below, choices)})
+
+
+def restated(owner: type, name: str, default: Any) -> Any:
+    """An inherited field of the settings class ``owner`` with another default: its help and
+    bounds stay ``owner``'s declaration, written once (a stage whose search is smaller than
+    another's states only its own number)."""
+    declared = {f.name: f for f in dataclasses.fields(owner)}[name]
+    if _KEY not in declared.metadata:
+        raise TypeError(f"{owner.__name__}.{name} is not a declared setting")
+    return dataclasses.field(default=default, metadata=declared.metadata)
 
 
 def check(obj: Any) -> None:

@@ -18,10 +18,14 @@ turn on the certify records (:func:`promptdistill.search.racing.screen_then_race
 finalist wins only when it is certified non-inferior (error rate ``alpha`` over the
 finalists raced); the shortest certified one is the winner, else the original is kept.
 The screen's top ``finalists`` are handed to the optimizer whether raced or not.
-Finally the original and the winner are evaluated on held-out test records.
+Finally the original and the winner are scored on held-out test records, and the winner is
+reverted to the original if it fails there (:func:`promptdistill.search.held_out.check_on_test`,
+the optimizer's check too).
 
-No step starts that could overrun the budget (LM calls, minutes). Every LM request
-(generation, judges, repairs) is counted; everything is recorded in a ``DistillResult``.
+No step starts whose LM calls could overrun the budget, nor once the time cap has passed
+(:class:`promptdistill.search.budget.Budget`: time is a safety cap, never projected).
+Every LM request (generation, judges, repairs) is counted; everything is recorded in a
+``DistillResult``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from promptdistill.core.display import format_number
-from promptdistill.core.settings import check, setting
+from promptdistill.core.settings import check, restated, setting
 from promptdistill.distill.candidates import ClauseScore, DistillCandidate, agreement_rate, prune_keep_sets
 from promptdistill.specs.clauses import Clause, apply_clauses, join_clauses, mark_clause, split_clauses
 from promptdistill.distill.result import DistillResult, clause_rows
@@ -42,9 +46,11 @@ from promptdistill.engine.meter import CallMeter, phase
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many, judge_cost
 from promptdistill.judges.calibration import equivalence_agreement
 from promptdistill.judges.runner import JudgeRunner
-from promptdistill.search.budget import Budget
-from promptdistill.search.racing import (Candidate, RaceSettings, paired_mean, plan_from_screen, screen, screen_then_race,
-                                         select)
+from promptdistill.search.budget import Budget, SearchBudget
+from promptdistill.search.held_out import check_on_test
+from promptdistill.search.racing import (Candidate, RaceKnobs, RaceSettings, Selection, paired_mean, plan_from_screen,
+                                         screen, screen_then_race, select)
+from promptdistill.search.selection import KEPT
 from promptdistill.search.references import fill_references
 from promptdistill.search.splits import Splits, split_records
 from promptdistill.specs.model import Spec
@@ -58,34 +64,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DistillConfig:
-    """Every knob of the loop. The defaults fit a few minutes with SmolLM2-135M on an idle
-    2-core CPU; on a busy machine the time budget cuts the search short."""
+class DistillConfig(SearchBudget, RaceKnobs):
+    """Every knob of the loop: the search's records and limits (:class:`SearchBudget`), the
+    race's (:class:`RaceKnobs`), and the distiller's own. The defaults fit a few minutes with
+    SmolLM2-135M on an idle 2-core CPU; on a busy machine the time cap cuts the search short."""
 
     seed: int = setting(0, "shuffles the dev/test records and seeds every request: same seed, same result")
-    screen_size: int = setting(16, "dev records for ablation and screening (never used to certify)", at_least=1)
-    dev_size: int = setting(1000, "dev records in all: the screen records, then the race's certify pool", at_least=1)
-    test_size: int = setting(200, "held-out test records for the final check", at_least=0)
+    max_lm_calls: int = restated(SearchBudget, "max_lm_calls", 1500)
+    max_minutes: float = restated(SearchBudget, "max_minutes", 10.0)
     thresholds: tuple[float, ...] = setting((0.5, 0.75), "necessity thresholds for pruning (judge and combined "
                                             "scores are in [0, 1])", at_least=0, at_most=1)
     target_ratios: tuple[float, ...] = setting((0.5, 0.3), "rewrite targets: share of the unprotected clauses' "
                                                "words to aim for", above=0, below=1)
     max_rounds: int = setting(2, "most rounds of prune and rewrite", at_least=1)
-    max_lm_calls: int = setting(1500, "the budget: LM requests (generation, judges, repairs), test included", at_least=1)
-    max_minutes: float = setting(10.0, "the time budget: a step starts only if it is projected to end in time", above=0)
     max_quality_drop: float | None = setting(None, "largest allowed drop of the mean score; unset: the spec's "
                                              "slo.max_quality_drop")
-    alpha: float = setting(0.1, "chance of certifying any finalist that is worse than the allowed drop",
-                           above=0, below=0.5)
-    finalists: int = setting(3, "candidates handed to the optimizer and, at most, raced in turn on the certify records "
-                                "(alpha is split among those the pool has room for)", at_least=1)
-    first_look: int = setting(50, "certify records of the race's first look (then doubling; every this many for the "
-                                  "confidence sequence: continuous scores or pools under 100)", at_least=1)
     # The nightly turns the race off: the optimizer races the same finalists (with its
     # example settings) against the same baseline, so a race here would spend the same records twice.
     race: bool = setting(True, "race the finalists on the certify records")
-    screen_every: bool = setting(False, "screen every candidate (the candidates table shows each one's quality); off: "
-                                 "only those that could still be chosen (the same choice, fewer LM calls)")
     ablation: bool = setting(True, "score clauses by ablation too (drop each, measure the screen score)")
     ablate_clear: bool = setting(False, "ablate the clauses the judge scored 1 or 5 too; off: ablation spends its "
                                  "screen records only on the clauses the judge is unsure of (2-4, or no score)")
@@ -108,6 +104,10 @@ def _judge_is_clear(verdict: Any) -> bool:
     return verdict is not None and verdict.valid and verdict.value["score"] in (1, 5)
 
 
+COST = "instruction tokens"
+"""What a distilled candidate's cost counts (the latency the distiller's selection decides on)."""
+
+
 def _exact(a: Candidate, b: Candidate) -> float:
     """Instruction tokens are counted, not predicted: any difference is a difference."""
     return 0.0
@@ -124,8 +124,7 @@ class _Run:
         judge_lm = self.meter if judge_engine is None else CallMeter(judge_engine)
         self.runner = JudgeRunner(judge_lm, seed=config.seed)
         self.max_drop = spec.slo.max_quality_drop if config.max_quality_drop is None else config.max_quality_drop
-        self.settings = RaceSettings(margin=self.max_drop, alpha=config.alpha, finalists=config.finalists,
-                                     first_look=config.first_look, discrete=spec.metric.discrete)
+        self.settings = RaceSettings.of(config, margin=self.max_drop, discrete=spec.metric.discrete)
         self.per_record = judge_cost(spec, 1)
         test_calls = 2 * judge_cost(spec, len(self.splits.test))
         self.budget = Budget(self.meter, max_calls=config.max_lm_calls, max_minutes=config.max_minutes,
@@ -300,7 +299,7 @@ class _Run:
                 every=self.config.screen_every, log=log.info) if self.original.screen is not None else ([], None)
             plan = plan or self.plan([])
             log.info("%s", plan.sentence())
-            winner, reason = select(self.original, raced, resolution=_exact)
+            selection = select(self.original, raced, resolution=_exact, latency=COST)
             # Handed to the optimizer: the screen's top finalists, raced or not (the raced first).
             finalists = self.screen(self.candidates[1:], every=self.config.screen_every) \
                 if self.original.screen is not None else []
@@ -310,14 +309,16 @@ class _Run:
             finalists = sorted(self.candidates[1:], key=lambda c: (c.instruction_tokens, c.id))
             plan = self.plan(finalists)
             log.info("%s", plan.sentence())
-            winner, reason = self.original, (f"not raced here: the {len(finalists)} finalist(s) go to the optimizer, "
-                                             "which races them against the baseline")
+            selection = Selection(self.original, self.original, KEPT,
+                                  f"not raced here: the {len(finalists)} finalist(s) go to the optimizer, which races "
+                                  "them against the baseline", COST)
         search_calls = self.meter.calls
-        test_reports = self.held_out(winner)
+        selection, test_reports, test_stop = self.held_out(selection)
         calibration = self.calibrate()
         return DistillResult(
             spec_name=self.spec.name, seed=self.config.seed, config=self.config, original=self.original,
-            winner=winner, candidates=self.candidates, finalists=[c.id for c in finalists], reason=reason,
+            winner=selection.winner, candidates=self.candidates, finalists=[c.id for c in finalists],
+            reason=selection.reason, selection=selection.record(), test_stop=test_stop,
             plan=plan, clause_rows=clause_rows(self.clause_scores), judge_stats=self.runner.stats_rows(),
             agreement_rate=agreement_rate([s for _, s, _ in self.clause_scores]), calibration=calibration,
             test=test_reports, rounds=rounds, stop_reason=stop, search_lm_calls=search_calls,
@@ -336,15 +337,31 @@ class _Run:
         return plan_from_screen(self.original, finalists, pool=len(self.splits.certify), settings=self.settings)
 
     @phase("held-out test")
-    def held_out(self, winner: Candidate) -> dict[str, EvalReport]:
-        """The original and the winner on the test records (calls reserved in the budget)."""
+    def held_out(self, selection: Selection) -> tuple[Selection, dict[str, EvalReport], str | None]:
+        """The original and the winner on the test records (calls reserved in the budget),
+        the winner reverted to the original if it fails there
+        (:func:`promptdistill.search.held_out.check_on_test`, as the optimizer's).
+
+        Returns:
+            The selection after the check, the reports (``original``, ``winner``, and the
+            reverted candidate's as ``reverted``), and which look stopped the scoring.
+        """
+        winner = selection.winner
         cands = [self.original] if winner is self.original else [self.original, winner]
         self.budget.release()
         if not self.splits.test or not self.budget.afford(len(cands) * self.per_record * len(self.splits.test),
                                                           "held-out test calls"):
-            return {}
-        reports = self.evaluate(cands, self.splits.test)
-        return {"original": reports[0], "winner": reports[-1]}
+            return selection, {}, None
+
+        def items(records: Sequence[Mapping]) -> list[EvalItem]:
+            return [EvalItem(c.spec, records, self.examples) for c in cands]
+
+        check = check_on_test(selection, items, self.splits.test, engine=self.meter, judge_runner=self.runner,
+                              seed=self.config.seed, max_drop=self.max_drop)
+        if check.reverted:
+            return check.selection, {"original": check.baseline, "winner": check.baseline,
+                                     "reverted": check.winner}, check.stop
+        return check.selection, {"original": check.baseline, "winner": check.winner}, check.stop
 
     @phase("calibration")
     def calibrate(self) -> dict[str, Any] | None:

@@ -8,7 +8,8 @@
 * ``clauses.parquet``: one row per clause per round: text, protection, judge score and
   reason, ablation delta, kept or pruned;
 * ``judges.parquet``: the statistics of every judge used;
-* ``result.json``: the summary (winner, reason, plan, test figures, calls).
+* ``result.json``: the summary (winner, the decision as ``selection``, reason, plan, test
+  figures, calls).
 
 The optimizer reads the finalists back from ``candidates.parquet``
 (:func:`promptdistill.optimize.variants.variants_from_parquet`).
@@ -28,6 +29,7 @@ from promptdistill.core.jsonio import json_safe, write_json, write_parquet
 from promptdistill.core.stats import bootstrap_ci
 from promptdistill.distill.candidates import ClauseScore, DistillCandidate
 from promptdistill.evaluate.evaluator import EvalReport
+from promptdistill.search.selection import SelectionRecord
 from promptdistill.search.sequential import Plan
 
 __all__ = ["DistillResult", "clause_rows"]
@@ -82,6 +84,10 @@ class DistillResult:
     """Prompt and completion tokens of every LM request (what a GPU spends)."""
     engines: dict[str, Any] = field(default_factory=dict)
     """The identities of the task engine and the judge engine."""
+    selection: SelectionRecord | None = None
+    """The decision: winner, clause, bounds, a revert on the test split (``reason`` says it too)."""
+    test_stop: str | None = None
+    """Which look of the test split stopped its scoring, and why (None: not scored)."""
 
     @property
     def token_reduction(self) -> float:
@@ -89,7 +95,8 @@ class DistillResult:
         return 1.0 - self.winner.instruction_tokens / max(1, self.original.instruction_tokens)
 
     def test_figures(self) -> dict[str, Any]:
-        """Test means with 95% bootstrap intervals, for the original and the winner."""
+        """Test means with 95% bootstrap intervals, for the original and the winner (and a
+        winner the test split reverted, as ``reverted``)."""
         out: dict[str, Any] = {}
         for who, report in self.test.items():
             out.update(bootstrap_ci(report.scores, seed=self.seed).to_dict(f"test_{who}_"))
@@ -126,7 +133,8 @@ class DistillResult:
             "total_lm_calls": self.total_lm_calls, "tokens_processed": self.tokens_processed,
             "budget_lm_calls": self.config.max_lm_calls,
             "elapsed_s": self.elapsed_s, "max_quality_drop": self.max_quality_drop, "splits": self.splits,
-            "engines": self.engines,
+            "engines": self.engines, "test_stop": self.test_stop,
+            "selection": self.selection.to_dict() if self.selection is not None else None,
         })
 
     def write(self, folder: str | os.PathLike[str]) -> Path:

@@ -36,6 +36,7 @@ from promptdistill.flows.tasks import ensure_ttft_model, report_night, run_spec,
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
+from promptdistill.pipeline.presets import DEFAULT_PRESET
 from promptdistill.pipeline.events import step_events
 from promptdistill.pipeline.jobs import SpecsFailedError, dask_worker_count, parallel_specs, select_spec_files
 from promptdistill.pipeline.report import endpoint_load_rows, format_summary_table
@@ -57,7 +58,7 @@ def run_specs(paths: list[str], common: dict[str, Any]) -> list[dict[str, Any]]:
 @flow(name="nightly")
 def nightly(
     specs: list[str] | None = None,
-    preset: str = "full",
+    preset: str = DEFAULT_PRESET,
     budget: OptimizeBudget | None = None,
     selection: SelectionRule | None = None,
     distill: DistillConfig | None = None,

@@ -16,6 +16,7 @@ from promptdistill.flows.tasks import ensure_ttft_model, run_spec, spec_argument
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
 from promptdistill.pipeline.budgets import TTFTBudget, stage_settings
+from promptdistill.pipeline.presets import DEFAULT_PRESET
 from promptdistill.pipeline.jobs import SpecsFailedError, select_spec_files
 from promptdistill.pipeline.report import format_summary_table
 from promptdistill.pipeline.session import engine_session
@@ -24,7 +25,7 @@ from promptdistill.pipeline.session import engine_session
 @flow(name="optimize-prompt")
 def optimize_prompt(
     spec: str,
-    preset: str = "full",
+    preset: str = DEFAULT_PRESET,
     budget: OptimizeBudget | None = None,
     selection: SelectionRule | None = None,
     distill: DistillConfig | None = None,

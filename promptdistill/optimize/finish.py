@@ -27,12 +27,11 @@ from promptdistill.optimize.verify import (
     TimedTemplate,
     check_rendering,
     measure_ttft_interleaved,
-    score_test,
     timing_repeats,
     timing_summary,
     ttft_difference,
 )
-from promptdistill.search.racing import TIE
+from promptdistill.search.held_out import check_on_test, difference_interval
 from promptdistill.specs.datasets import dataset_hash
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import template_content
@@ -181,7 +180,7 @@ def _test_figures(run: OptimizeRun, report: EvalReport, base_report: EvalReport 
     out = {**ci.to_dict("test_"), "test_valid_json_rate": report.valid_json_rate}
     if base_report is not None:
         diffs = paired_diffs(report.scores, base_report.scores)
-        diff_ci = bootstrap_ci(diffs.tolist(), confidence=confidence, seed=run.seed) if diffs.size else None
+        diff_ci = difference_interval(diffs.tolist(), confidence=confidence, seed=run.seed) if diffs.size else None
         out.update({"test_diff_mean": diff_ci.mean if diff_ci else None,
                     "test_diff_ci_low": diff_ci.low if diff_ci else None,
                     "test_diff_ci_high": diff_ci.high if diff_ci else None})
@@ -210,7 +209,8 @@ def finish(run: OptimizeRun) -> OptimizationResult:
         run.notes.append(f"{clipped} TTFT predictions fell below {MIN_TTFT_MS:g} ms or put a cached prefix above the "
                          "same prompt uncached, and were clipped: the TTFT model extrapolates for these prompts; "
                          "profile and refit it on a larger design")
-    winner, reason = run.select()
+    selection = run.select()
+    winner = selection.winner
     formats, fmt, final_spec, constrained, fmt_report = choose_format(run, winner)
     tb = _budget_from(fmt_report)
     content = _content(final_spec, winner, tb, constrained)
@@ -218,15 +218,11 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     baseline_fig, winner_fig = _dev_figures(base, run), _dev_figures(winner, run)
     timing_rows: list[dict[str, Any]] = []
     timing_requests = 0
-    kept = winner is base
+    kept = selection.kept
     test = run.splits.test
     if test:
         test_w = run.records_for(winner, test)
         verification["rendering_checked"] = check_rendering(content, final_spec, winner.examples, test_w)
-        # A winner that is not faster (a tie) was chosen for being at least as good: the
-        # held-out records must agree, or it would ship no faster and worse.
-        allowed = 0.0 if reason.startswith(TIE) else run.max_drop
-        revertible = run.rule.verify_on_test and not kept
 
         def items(records: Sequence[Any]) -> list[EvalItem]:
             out = [run.item(base, records)]
@@ -235,18 +231,16 @@ def finish(run: OptimizeRun) -> OptimizationResult:
                                     max_tokens=tb.max_tokens))
             return out
 
-        (base_rep, win_rep), confidence, looked = score_test(
-            run.meter, items, test, line=-allowed if revertible else None, judge_runner=run.runner, seed=run.seed)
-        verification.update(test_scored=base_rep.n, test_confidence=confidence, test_stop=looked)
+        with run.meter.phase("test verification"):
+            check = check_on_test(selection, items, test, engine=run.meter, judge_runner=run.runner, seed=run.seed,
+                                  max_drop=run.max_drop, revert=run.rule.verify_on_test)
+        base_rep, confidence = check.baseline, check.confidence
+        verification.update(test_scored=base_rep.n, test_confidence=confidence, test_stop=check.stop)
         baseline_fig.update(_test_figures(run, base_rep, None, confidence))
-        winner_fig.update(_test_figures(run, win_rep, base_rep, confidence))
-        diff = winner_fig.get("test_diff_mean")
-        if revertible and diff is not None and diff < -allowed - 1e-12:
-            why = (f"allowed drop {run.max_drop:g}" if allowed else
-                   "a tie on TTFT must be at least as good as the baseline")
-            reason += (f"; REVERTED on test: {winner.id} scored {diff:+.3f} against the baseline on {base_rep.n} "
-                       f"records ({why}); keeping the baseline")
-            verification["reverted_from"] = winner.id
+        winner_fig.update(_test_figures(run, check.winner, base_rep, confidence))
+        if check.reverted:
+            selection = check.selection
+            verification["reverted_from"] = selection.reverted_from.id
             winner, kept, final_spec = base, True, base.spec
             constrained = run.spec.output_schema is not None
             fmt = "constrained" if constrained else "none"
@@ -271,13 +265,13 @@ def finish(run: OptimizeRun) -> OptimizationResult:
     pareto = df[df["pareto"]].sort_values([cost, "screen_quality"], ascending=[True, False]).reset_index(drop=True)
     real = getattr(run.outer, "real_calls", None)
     return OptimizationResult(
-        spec_name=run.spec.name, seed=run.seed, content=content, winner_id=winner.id, reason=reason,
-        kept_baseline=kept, baseline=baseline_fig, winner=winner_fig, candidates=df, pareto=pareto,
+        spec_name=run.spec.name, seed=run.seed, content=content, winner_id=winner.id, reason=selection.reason,
+        kept_baseline=selection.kept, selection=selection.record(), baseline=baseline_fig, winner=winner_fig, candidates=df, pareto=pareto,
         density_curve=density_curve(df), tradeoff=cache_tradeoff(df), formats=formats, token_budget=tb,
         timing=pd.DataFrame(timing_rows), lm_calls=run.meter.calls, real_lm_calls=real,
         prompt_tokens=run.meter.prompt_tokens, completion_tokens=run.meter.completion_tokens,
         timing_requests=timing_requests, minutes=(time.monotonic() - run.search_budget.started) / 60.0,
-        stop_reason=run.search_budget.reason, provenance=_provenance(run, winner, final_spec, reason),
+        stop_reason=run.search_budget.reason, provenance=_provenance(run, winner, final_spec, selection.reason),
         budget=run.budget, rule=run.rule, winner_spec=final_spec, winner_examples=list(winner.examples),
         verification=verification, notes=list(run.notes), plan=run.plan,
         warm_share=run.warm_share, warm_share_source=run.warm_share_source, ttft_resolution=run.resolution_rel,

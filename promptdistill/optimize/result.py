@@ -5,8 +5,9 @@
 * ``candidates.parquet``: the full candidate log (one row per candidate: prompt shape,
   predicted TTFT cold/warm, rung, dev quality with CI, paired lower bound, verdict);
 * ``pareto.parquet``, ``density_curve.parquet``, ``formats.parquet``, ``timing.parquet``;
-* ``result.json``: the template content, baseline and winner figures, the reason, the
-  record plan, token budget, call counts and provenance: everything publishing needs;
+* ``result.json``: the template content, baseline and winner figures, the decision
+  (``selection``: winner, clause, bounds, a revert) and its reason, the record plan,
+  token budget, call counts and provenance: everything publishing needs;
 * ``pareto.png``: the Pareto front with the baseline and the winner marked.
 
 Publishing goes through :func:`promptdistill.pipeline.publish.publish_result` (one path
@@ -26,6 +27,7 @@ import pandas as pd
 from promptdistill.core.display import format_number
 from promptdistill.core.jsonio import atomic_write, json_safe, write_json, write_parquet
 from promptdistill.optimize.plot import plot_pareto
+from promptdistill.search.selection import SelectionRecord
 from promptdistill.search.sequential import Plan
 
 __all__ = ["OptimizationResult"]
@@ -99,6 +101,8 @@ class OptimizationResult:
     splits: dict[str, int] = field(default_factory=dict)
     references: dict[str, Any] = field(default_factory=dict)
     """Label-free records: the baseline's reply each was scored against, by record id."""
+    selection: SelectionRecord | None = None
+    """The decision: winner, clause, resolution, bounds, a revert (``reason`` and ``kept_baseline`` say it too)."""
 
     # ------------------------------------------------------------------ figures
     def metrics(self) -> dict[str, Any]:
@@ -233,6 +237,7 @@ class OptimizationResult:
             "warm_share_source": self.warm_share_source, "ttft_resolution": self.ttft_resolution,
             "ttft_kind": self.ttft_kind, "max_quality_drop": self.max_quality_drop, "splits": self.splits,
             "label_free_records": len(self.references),
+            "selection": self.selection.to_dict() if self.selection is not None else None,
             "provenance": self.provenance,
         })
 

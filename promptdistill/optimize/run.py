@@ -47,10 +47,11 @@ from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_s
 from promptdistill.optimize.predict import LoadPricing, predict_candidate, prefix_block_tokens
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
 from promptdistill.optimize.variants import REMINDER_TAG, instruction_variants, with_reply_reminder
-from promptdistill.search.budget import Budget
-from promptdistill.search.racing import Candidate, RaceSettings, screen, screen_then_race, select
+from promptdistill.search.budget import Budget, SearchBudget
+from promptdistill.search.racing import (Candidate, RaceSettings, Selection, plan_from_screen, screen, screen_then_race,
+                                         select)
 from promptdistill.search.references import fill_references
-from promptdistill.search.racing import plan_from_screen
+from promptdistill.search.selection import KEPT
 from promptdistill.search.sequential import Plan
 from promptdistill.search.splits import split_records
 from promptdistill.specs.model import Spec
@@ -62,18 +63,10 @@ Record = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
-class OptimizeBudget:
-    """Sizes and limits of one run. The defaults optimize one spec in minutes on a 2-core CPU."""
+class OptimizeBudget(SearchBudget):
+    """Sizes and limits of one run: the search's records and limits (:class:`SearchBudget`)
+    and the optimizer's grid. The defaults optimize one spec in minutes on a 2-core CPU."""
 
-    max_lm_calls: int = setting(4000, "every LM request of the run (generation and judges), search and "
-                                "verification", at_least=1)
-    # A safety net: the search is sized by records and LM calls, so a slower machine reaches
-    # the same decision later; a search the cap stops says so in its reason.
-    max_minutes: float = setting(60.0, "wall-clock cap of the search", above=0)
-    screen_size: int = setting(16, "dev records that screen the grid and choose the example sets (never used to "
-                               "certify)", at_least=1)
-    dev_size: int = setting(1000, "dev records in all: the screen records, then the race's certify pool", at_least=1)
-    test_size: int = setting(200, "held-out test records for the verification", at_least=0)
     fewshot_counts: tuple[int, ...] = setting((0, 2, 4, 8), "counts of fixed (cacheable) examples; 0 is 'no examples'",
                                               at_least=0, at_most=8)
     similar_counts: tuple[int, ...] = setting((2, 4), "counts of per-request similar examples (TF-IDF neighbours)",
@@ -82,8 +75,6 @@ class OptimizeBudget:
     max_variants: int = setting(3, "instruction variants, the original included", at_least=1)
     described: bool = setting(True, "add the variant whose instruction is the spec's one-line description, without "
                               "its rules (where constrained decoding carries the format, rules can cost quality)")
-    screen_every: bool = setting(False, "screen every candidate, so the trade-off table shows each one's quality; "
-                                 "off: only those that could still be a finalist (the same finalists, fewer LM calls)")
     block_aligned: bool = setting(True, "add, per pruned candidate, the variant with one pruned clause restored when "
                                   "it caches more of the static prefix in whole KV blocks and is predicted cheaper")
     reply_reminder: bool = setting(True, "add, per candidate with fixed or no examples, its twin with the reply's keys "
@@ -169,8 +160,7 @@ class OptimizeRun:
         self.load = load_pricing
         """The declared load's pricing: its percentile is then the cost (None: solo TTFT)."""
         self.resolution_rel = load_pricing.relative_error if load_pricing else ttft_model.relative_error
-        self.settings = RaceSettings(margin=self.max_drop, alpha=rule.alpha, finalists=rule.finalists,
-                                     first_look=rule.first_look, discrete=spec.metric.discrete)
+        self.settings = RaceSettings.of(rule, margin=self.max_drop, discrete=spec.metric.discrete)
         splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
                                test_size=budget.test_size)
         self.splits, self.references = fill_references(self.meter, spec, splits, seed=seed)
@@ -464,12 +454,13 @@ class OptimizeRun:
         """What the certify pool can decide without a finalist (the discordance assumed)."""
         return plan_from_screen(self.baseline, self.finalists, pool=len(self.splits.certify), settings=self.settings)
 
-    def select(self) -> tuple[ExampleCandidate, str]:
-        """The winner and why (the baseline when nothing was certified)."""
+    def select(self) -> Selection:
+        """The winner, by which clause and why (the baseline when nothing was certified)."""
         if self.kept_reason:
-            return self.baseline, f"{self.kept_reason}; keeping the baseline"
-        winner, reason = select(self.baseline, self.within_slo(self.finalists), resolution=self.resolution)
-        if self.plan is not None and winner is self.baseline:
-            reason += f" ({self.plan.sentence()})"
-        return winner, reason  # type: ignore[return-value]
-
+            return Selection(self.baseline, self.baseline, KEPT, f"{self.kept_reason}; keeping the baseline",
+                             self.latency)
+        chosen = select(self.baseline, self.within_slo(self.finalists), resolution=self.resolution,
+                        latency=self.latency)
+        if self.plan is not None and chosen.kept:
+            chosen = dataclasses.replace(chosen, reason=f"{chosen.reason} ({self.plan.sentence()})")
+        return chosen

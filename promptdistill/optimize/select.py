@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from promptdistill.core.settings import check, setting
+from promptdistill.search.racing import RaceKnobs
 
 __all__ = [
     "ASSUMED_WARM_SHARE",
@@ -49,21 +50,15 @@ ASSUMED_WARM_SHARE = 0.8
 
 
 @dataclass(frozen=True)
-class SelectionRule:
-    """How the winner is picked. Every field has a default; see the module docstring."""
+class SelectionRule(RaceKnobs):
+    """How the winner is picked: the race's knobs (:class:`RaceKnobs`: alpha, finalists,
+    first look) and the optimizer's own. Every field has a default; see the module docstring."""
 
     ttft: str = setting("expected", "which TTFT prediction the SLO and the cost use: the mix of warm and cold "
                         "(expected), the static prefix cached (warm) or not (cold)", choices=TTFT_KINDS)
     warm_share: float | None = setting(None, "share of production requests whose static prefix is cached; unset: "
                                        "measured from the prefix-cache hit rate when the engine is a vLLM server, "
                                        f"else {ASSUMED_WARM_SHARE:g} (assumed)", at_least=0, at_most=1)
-    alpha: float = setting(0.1, "chance of certifying any finalist whose quality drop exceeds the allowed one",
-                           above=0, below=0.5)
-    finalists: int = setting(3, "most candidates raced in turn on the certify records after screening (alpha is "
-                             "split among those the pool has room for)", at_least=1)
-    first_look: int = setting(50, "certify records of the race's first look (then doubling up to the pool; every "
-                                  "this many for the confidence sequence: continuous scores or pools under 100)",
-                              at_least=1)
     # Their template needs the caller to retrieve examples for every request, so by default
     # they are shown (Pareto front, trade-off table) but not published.
     allow_per_request_examples: bool = setting(False, "let candidates with per-request (retrieved) examples win")

@@ -1,7 +1,8 @@
 """Verification helpers: the published rendering, and TTFT measured on the real engine.
 
-* ``score_test``: the baseline and the winner on the test split, in two looks of half
-  the records each; the second unless the first already clears the winner.
+* ``score_test`` (now in :mod:`promptdistill.search.held_out`, with the revert both stages
+  share): the baseline and the winner on the test split, in two looks of half the records
+  each; the second unless the first already clears the winner.
 * ``check_rendering``: the template content, rendered with ``render_messages`` (the
   function the registry client's ``Template.render`` calls), gives exactly the messages
   the evaluator sent (``spec_messages``). What was verified is what gets published.
@@ -33,13 +34,10 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from promptdistill.core.stats import paired_diffs
 from promptdistill.engine.base import Engine, GenerationRequest, GenerationResult
-from promptdistill.engine.meter import phase
-from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.optimize.predict import clip_ttft, warm_cached_tokens
 from promptdistill.optimize.select import expected_ttft
-from promptdistill.search.group_sequential import score_interval
+from promptdistill.search.held_out import MIN_LOOK, TEST_CONFIDENCE, score_test  # moved there; kept importable here
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import spec_messages
 from promptdistill.specs.render import render_messages
@@ -53,59 +51,6 @@ T = TypeVar("T")
 MIN_TIMING_PAIRS = 12
 """Paired measurements per cache state the interval is built on (records x repeats)."""
 TIMING_CONFIDENCE = 0.95
-
-
-TEST_CONFIDENCE = 0.95
-"""Coverage of the test split's intervals, whichever look they come from."""
-MIN_LOOK = 50
-"""Test records a look needs: a smaller split is scored whole, in one look (on a few 0/1
-records a first half where both prompts agree everywhere gives the interval [0, 0])."""
-
-
-@phase("test verification")
-def score_test(engine: Engine, items: Callable[[Sequence[Any]], list[EvalItem]], records: Sequence[Any], *,
-               line: float | None, judge_runner: Any, seed: int) -> tuple[tuple[EvalReport, EvalReport], float, str]:
-    """The baseline and the winner on the test records, in two looks of half the records each.
-
-    ``items(records)`` gives the baseline's item and, when the winner renders another
-    prompt, the winner's. ``line`` is the paired difference (winner - baseline) below which
-    the winner is reverted; None when nothing can be reverted (a kept baseline, or
-    ``verify_on_test`` off), and then the first half alone is scored, for the report. A
-    split of fewer than ``2 * MIN_LOOK`` records is scored whole, in one look. Otherwise the
-    second half is scored unless the first half's interval on the difference lies above
-    the line: a winner the first half already clears spends no more records. Only that
-    stop is early, so a revert (the mean difference of every record below the line)
-    happens exactly as often as when every record is scored, or less; the price is that a
-    winner truly worse than the line clears the first half with a chance of at most 1.25%
-    (its interval's lower tail). With two looks each interval is at 97.5%, so the one
-    reported covers at 95% or more whichever look it came from (Bonferroni).
-
-    Returns:
-        (the baseline's report, the winner's: the baseline's again with one item), the
-        intervals' confidence, and which look stopped the scoring and why.
-    """
-    split = len(records) >= 2 * MIN_LOOK
-    looks = 2 if split and line is not None else 1
-    confidence = 1.0 - (1.0 - TEST_CONFIDENCE) / looks
-    half = (len(records) + 1) // 2 if split else len(records)
-    first = evaluate_many(engine, items(records[:half]), judge_runner=judge_runner, seed=seed)
-    if not split:
-        return (first[0], first[-1]), confidence, (f"all {half} records in one look (fewer than {2 * MIN_LOOK}: "
-                                                   "too few to split)")
-    if line is None:
-        return (first[0], first[-1]), confidence, (f"nothing to revert: the first {half} of {len(records)} "
-                                                   "records are scored, for the report")
-    diffs = paired_diffs(first[-1].scores, first[0].scores)
-    ci = score_interval(diffs, confidence=confidence) if diffs.size else None
-    where = f"[{ci.low:+.3f}, {ci.high:+.3f}]" if ci is not None else "(no pair scored)"
-    if ci is not None and ci.low > line:
-        return (first[0], first[-1]), confidence, (f"decided after the first {half} of {len(records)} records: "
-                                                   f"the difference's {confidence:.1%} interval {where} lies above "
-                                                   f"{line:+.3f}")
-    second = evaluate_many(engine, items(records[half:]), judge_runner=judge_runner, seed=seed)
-    merged = [a.merged(b) for a, b in zip(first, second)]
-    return (merged[0], merged[-1]), confidence, (f"all {len(records)} records: the first {half} left the difference's "
-                                                 f"{confidence:.1%} interval {where} not above {line:+.3f}")
 
 
 def check_rendering(content: Mapping[str, Any], spec: Spec, examples: Sequence[Mapping[str, Any]],

@@ -1,7 +1,8 @@
 """The nightly's budgets: named presets of the TTFT profile's, the distiller's and the optimizer's sizes.
 
 ``promptdistill nightly --budget NAME`` and the deployments pick one; each maps onto the
-stages' own configs (``ProfileConfig``, ``DistillConfig``, ``OptimizeBudget``).
+stages' own configs (``ProfileConfig``, ``DistillConfig``, ``OptimizeBudget``,
+``SelectionRule``). The presets are data, one table (:mod:`promptdistill.pipeline.presets`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from promptdistill.core.settings import check, setting
 from promptdistill.distill.loop import DistillConfig
 from promptdistill.optimize.run import OptimizeBudget
 from promptdistill.optimize.select import SelectionRule
-from promptdistill.pipeline.presets import BUDGET_PRESETS
+from promptdistill.pipeline.presets import BUDGET_PRESETS, PRESETS
 from promptdistill.ttft.profile import ProfileConfig
 
 __all__ = ["BUDGET_PRESETS", "TTFTBudget", "budget_preset", "expected_minutes", "seconds_per_lm_call", "stage_settings",
@@ -93,58 +94,17 @@ def task_timeout_s(*max_minutes: float) -> float:
 
 
 def budget_preset(name: str) -> dict[str, Any]:
-    """The stages' settings of a preset: ``ttft_budget``, ``distill``, ``budget`` and ``selection``.
-
-    In every preset the distiller only proposes (``race=False``): the optimizer races its
-    finalists against the baseline once, on the certify records, so one race's error
-    rate covers the night (docs/decisions.md). The optimizer's race is sized in records
-    (``dev_size``: what ``promptdistill plan`` asks for a 0.05 margin) and LM calls; its
-    minutes are a safety cap, so a slower machine reaches the same decision later.
+    """The stages' settings of a preset: ``ttft_budget``, ``distill``, ``budget`` and ``selection``,
+    built from its row of the table (:data:`promptdistill.pipeline.presets.PRESETS`).
 
     Raises:
         ValueError: an unknown preset name.
     """
-    if name == "full":
-        return {"ttft_budget": TTFTBudget(points=24, repeats=2, matmul_probe=False),
-                "distill": DistillConfig(race=False), "budget": OptimizeBudget(),
-                "selection": SelectionRule()}
-    if name == "quick":
-        return {
-            # No queue probe: its 30 requests took 100 of a 241-second profile, and no decision
-            # prices a queue (held-out error without them 3.8-3.9% against 2.9-5.1% with them).
-            # The profile is sized in measurements (about 2 minutes on an idle machine); its
-            # minutes are a safety stop, so a busy machine measures the same design, later.
-            "ttft_budget": TTFTBudget(points=24, repeats=2, max_minutes=20.0, queue_batches=(), matmul_probe=False),
-            "distill": DistillConfig(screen_size=16, dev_size=1000, test_size=0, max_rounds=1, max_lm_calls=300,
-                                     max_minutes=10.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
-                                     finalists=1, race=False),
-            # Per-request (similar) examples are left out: they are not publishable as a static
-            # template, and screening them would only draw the trade-off table. So is the output
-            # format table: constrained decoding is published unless it gives less valid JSON.
-            "budget": OptimizeBudget(max_lm_calls=4000, max_minutes=30.0, screen_size=16, dev_size=1000,
-                                     test_size=200, fewshot_counts=(0, 2, 4), similar_counts=(), fixed_subsets=1,
-                                     max_variants=3, feature_records=3, timing_records=2, formats=False),
-            # One finalist, with all of alpha. A fallback (raced only when the first fails) costs
-            # the first its half of alpha whether or not it is raced: in four make runs (20
-            # spec-nights) one was admitted 8 times, raced 3 times (format_rules, stopped for
-            # futility at 400 records like its first, 316-416 LM calls each) and won none, and
-            # summarize's first finalist at alpha 0.05 needed 400 records instead of 350. The
-            # full preset (the deployment's) keeps fallbacks where its budget has room.
-            "selection": SelectionRule(finalists=1),
-        }
-    if name == "smoke":
-        return {
-            "ttft_budget": TTFTBudget(points=8, repeats=1, spec_records=1, max_minutes=10.0, density_probe_tokens=(),
-                                      fewshot_probe=False, matmul_probe=False),
-            "distill": DistillConfig(screen_size=4, dev_size=12, test_size=0, max_rounds=1, max_lm_calls=60,
-                                     max_minutes=5.0, thresholds=(0.5,), target_ratios=(0.5,), calibrate=False,
-                                     judge_examples=1, finalists=1, race=False),
-            "budget": OptimizeBudget(max_lm_calls=150, max_minutes=5.0, screen_size=4, dev_size=12, test_size=6,
-                                     fewshot_counts=(0, 2), similar_counts=(), fixed_subsets=1, max_variants=2,
-                                     feature_records=2, timing_records=1, formats=False, format_size=4),
-            "selection": SelectionRule(finalists=1, first_look=8),
-        }
-    raise ValueError(f"unknown budget preset {name!r}; known: {', '.join(BUDGET_PRESETS)}")
+    if name not in PRESETS:
+        raise ValueError(f"unknown budget preset {name!r}; known: {', '.join(BUDGET_PRESETS)}")
+    row = PRESETS[name]
+    return {"ttft_budget": TTFTBudget(**row["ttft_budget"]), "distill": DistillConfig(**row["distill"]),
+            "budget": OptimizeBudget(**row["budget"]), "selection": SelectionRule(**row["selection"])}
 
 
 def stage_settings(preset: str, *, ttft_budget: TTFTBudget | None = None, distill: DistillConfig | None = None,
@@ -155,7 +115,7 @@ def stage_settings(preset: str, *, ttft_budget: TTFTBudget | None = None, distil
     and the benchmarks all call this).
 
     Args:
-        preset: ``smoke``, ``quick`` or ``full``.
+        preset: a name of :data:`~promptdistill.pipeline.presets.PRESETS` (``smoke``, ``quick``, ``full``).
         distill_instructions: False optimizes the instruction as written (``distill`` is None).
     """
     out = budget_preset(preset)

@@ -44,6 +44,7 @@ from promptdistill.pipeline.report import (
 from promptdistill.pipeline.stages import stage_dir
 from promptdistill.pipeline.ttft_models import ttft_figure
 from promptdistill.registry.store import Registry
+from promptdistill.search.selection import SelectionRecord
 from promptdistill.specs.datasets import dataset_for
 from promptdistill.specs.diff import diff_counts, mark, prompt_diff
 from promptdistill.specs.load import load_spec
@@ -253,10 +254,15 @@ def _numbers(r: Mapping[str, Any], result: Mapping[str, Any]) -> str:
     bounds = ("not raced" if d.get("lower") is None else
               f"{d.get('verdict')}: difference from the baseline in [{_n(d.get('lower'), '+.3f')}, "
               f"{_n(d.get('upper'), '+.3f')}] after {_n(d.get('n'))} certify records (alpha {_n(d.get('alpha'), '.3g')})")
-    gate = "gate passed" if r.get("gate_passed") else "gate not passed"
-    if r.get("gate_reason") and r["gate_reason"] != result.get("reason"):
+    selection = SelectionRecord.from_result(result) if result else None
+    why = selection.reason if selection is not None else None
+    gate = ("gate passed" if r.get("gate_passed") else "gate not passed") + (
+        f" (clause: {selection.clause})" if selection is not None and selection.clause else "")
+    if selection is not None and selection.reverted_from:
+        gate += f"; {selection.reverted_from} ({selection.chosen_clause}) reverted on the test split"
+    if r.get("gate_reason") and r["gate_reason"] != why:
         gate += f": {r['gate_reason']}"
-    facts = [("decision", gate), ("why", result.get("reason")), ("certified bounds", bounds), ("record plan", r.get("plan") or "-"),
+    facts = [("decision", gate), ("why", why), ("certified bounds", bounds), ("record plan", r.get("plan") or "-"),
              (f"{kind} TTFT", f"{_n(r.get('warm_share'), '.0%')} of requests warm ({r.get('warm_share_source') or '-'})"),
              (f"measured {kind} TTFT, published - baseline", format_ttft_diff(r)
               + (f" ({r['ttft_timing']})" if r.get("ttft_timing") else "")),

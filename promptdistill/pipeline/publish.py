@@ -16,6 +16,7 @@ from promptdistill.core.jsonio import json_safe
 from promptdistill.registry.hashing import content_hash
 from promptdistill.registry.records import VersionRecord
 from promptdistill.registry.store import Registry
+from promptdistill.search.selection import SelectionRecord
 
 __all__ = [
     "CANDIDATE_LABEL",
@@ -114,7 +115,8 @@ def publish_result(registry: Registry, result: Mapping[str, Any], *, run_key: st
     Returns:
         (VersionRecord, created): created is False when a rerun found it already published.
     """
-    why = ("baseline kept: " if result["kept_baseline"] else f"optimized ({result['winner_id']}): ") + result["reason"]
+    selection = SelectionRecord.from_result(result)
+    why = ("baseline kept: " if selection.kept else f"optimized ({selection.winner}): ") + selection.reason
     return publish_once(registry, result["spec"], result["content"], run_key=run_key, labels=labels,
                         provenance=result["provenance"], metrics=json_safe(result["metrics"]),
                         reason=(f"{reason}; {why}" if reason else why)[:500])
@@ -122,8 +124,10 @@ def publish_result(registry: Registry, result: Mapping[str, Any], *, run_key: st
 
 def gate(result: Mapping[str, Any]) -> tuple[bool, str]:
     """The run's gate: a winner other than the baseline was certified non-inferior, met
-    the SLO, and held up on the held-out test split."""
-    return (not result["kept_baseline"]), result["reason"]
+    the SLO, and held up on the held-out test split (the result's ``selection`` did not
+    keep the baseline). Returns whether it passed, and the decision's reason."""
+    selection = SelectionRecord.from_result(result)
+    return not selection.kept, selection.reason
 
 
 def promote_and_publish(registry: Registry, result: Mapping[str, Any], *, run_key: str,
@@ -137,6 +141,6 @@ def promote_and_publish(registry: Registry, result: Mapping[str, Any], *, run_ke
     passed, reason = gate(result)
     has_production = bool(registry.versions(name)) and PRODUCTION_LABEL in registry.labels(name)
     decision = promotion(passed, allow_promotion, gate_reason=reason[:200], has_production=has_production,
-                         kept_baseline=result["kept_baseline"])
+                         kept_baseline=SelectionRecord.from_result(result).kept)
     record, created = publish_result(registry, result, run_key=run_key, labels=decision.labels, reason=decision.reason)
     return record, created, decision

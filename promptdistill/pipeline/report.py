@@ -49,7 +49,7 @@ SUMMARY_COLUMNS = (
     "ttft_ms_predicted_before", "ttft_ms_predicted_after", "ttft_cold_ms_predicted_before",
     "ttft_cold_ms_predicted_after", "ttft_warm_ms_predicted_before", "ttft_warm_ms_predicted_after",
     "static_cached_share_before", "static_cached_share_after",
-    "ttft_diff_ms", "ttft_diff_low_ms", "ttft_diff_high_ms", "ttft_timing", "kept_baseline",
+    "ttft_diff_ms", "ttft_diff_low_ms", "ttft_diff_high_ms", "ttft_timing", "kept_baseline", "clause",
     "quality_before", "quality_before_low", "quality_before_high",
     "quality_after", "quality_after_low", "quality_after_high",
     "valid_json_rate_before", "valid_json_rate_after",
@@ -261,7 +261,8 @@ def spec_report_markdown(row: Mapping[str, Any], *, kind: str = "expected", plot
         "",
         f"- measured TTFT difference (winner - baseline): {format_ttft_diff(r)}"
         + (f" ({r['ttft_timing']})" if r["ttft_timing"] else ""),
-        f"- gate: **{'passed' if r['gate_passed'] else 'not passed'}**" + (f": {r['gate_reason']}" if r["gate_reason"] else ""),
+        f"- gate: **{'passed' if r['gate_passed'] else 'not passed'}**" + (f" (clause: {r['clause']})" if r.get("clause") else "")
+        + (f": {r['gate_reason']}" if r["gate_reason"] else ""),
         f"- published: {version_label(r)}" + (f"; {r['promotion']}" if r["promotion"] else ""),
         f"- cost: {format_number(r['lm_calls'])} LM calls, {format_number(r['minutes'], '.1f')} minutes"
         + (" (served from the cache of an earlier run)" if r["cached"] else ""),

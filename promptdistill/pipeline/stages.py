@@ -35,6 +35,7 @@ from promptdistill.optimize.select import SelectionRule
 from promptdistill.optimize.variants import variants_from_parquet
 from promptdistill.pipeline.jobs import SpecJob
 from promptdistill.pipeline.publish import gate
+from promptdistill.search.selection import SelectionRecord
 from promptdistill.specs.load import load_spec
 from promptdistill.specs.model import Spec
 from promptdistill.ttft.model import TTFTModel
@@ -144,6 +145,7 @@ def result_figures(result: Mapping[str, Any]) -> dict[str, Any]:
     selection rule used (by default the expected TTFT).
     """
     kind = result["ttft_kind"]
+    selection = SelectionRecord.from_result(result)
     out: dict[str, Any] = {}
     for who, suffix in (("baseline", "before"), ("winner", "after")):
         figs = result[who]
@@ -163,7 +165,8 @@ def result_figures(result: Mapping[str, Any]) -> dict[str, Any]:
         out[f"valid_json_rate_{suffix}"] = _first(figs, "test_valid_json_rate", "dev_valid_json_rate")
     winner = result["winner"]
     out.update(ttft_diff_ms=winner.get(f"measured_{kind}_diff_ms"), ttft_diff_low_ms=winner.get(f"measured_{kind}_diff_low_ms"),
-               ttft_diff_high_ms=winner.get(f"measured_{kind}_diff_high_ms"), kept_baseline=bool(result.get("kept_baseline")),
+               ttft_diff_high_ms=winner.get(f"measured_{kind}_diff_high_ms"), kept_baseline=selection.kept,
+               clause=selection.clause,
                ttft_timing=winner.get("timing_interval") or (f"{winner['timing_n']} test records x "
                                                               f"{winner.get('timing_repeats')} repeats"
                                                               if winner.get("timing_n") else None))

@@ -11,17 +11,45 @@ Every stage counts the requests that reach the engine with one :class:`CallMeter
   so ("stopped by the 20-minute cap").
 
 The first refusal is kept as :attr:`Budget.reason`: it is what ended the search.
+
+:class:`SearchBudget` declares the sizes and limits both searches take (records, LM calls,
+minutes, how much to screen), once: the distiller's ``DistillConfig`` and the optimizer's
+``OptimizeBudget`` inherit them.
 """
 
 from __future__ import annotations
 
 import time
-
+from dataclasses import dataclass
 from typing import Callable
 
+from promptdistill.core.settings import check, setting
 from promptdistill.engine.meter import CallMeter
 
-__all__ = ["Budget"]
+__all__ = ["Budget", "SearchBudget"]
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """The records and limits of one stage's search, declared once for the distiller and the
+    optimizer (each states its own defaults where they differ: ``core.settings.restated``)."""
+
+    max_lm_calls: int = setting(4000, "every LM request of the stage (generation, judges, repairs), the test split's "
+                                "included", at_least=1)
+    # A safety net: the search is sized by records and LM calls, so a slower machine reaches
+    # the same decision later; a search the cap stops says so in its reason.
+    max_minutes: float = setting(60.0, "wall-clock cap of the search: no step starts once it has passed (time is "
+                                 "never projected: a slower machine reaches the same decisions later)", above=0)
+    screen_size: int = setting(16, "dev records that screen the candidates (and ablate clauses, choose example sets); "
+                               "never used to certify", at_least=1)
+    dev_size: int = setting(1000, "dev records in all: the screen records, then the race's certify pool", at_least=1)
+    test_size: int = setting(200, "held-out test records: the winner is checked on them and reverted if it fails there",
+                             at_least=0)
+    screen_every: bool = setting(False, "screen every candidate, so the tables show each one's quality; off: only "
+                                 "those that could still be chosen (the same choice, fewer LM calls)")
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 class Budget:

@@ -50,6 +50,11 @@ search this way; only their candidates, their evaluation and their cost differ.
       on the certify records is at least the baseline's; among such, the same tie-break;
    c. otherwise the baseline stays. The reason always names the clause that decided.
 
+   :func:`select` returns a :class:`Selection`: the winner, the clause, the resolution and
+   the winner's bounds as typed fields (the reason is for people). After the race, both
+   stages check the winner on the test split and revert it there if it fails
+   (:func:`promptdistill.search.held_out.check_on_test`).
+
    Screening orders finalists by the same rule on the screen records.
 
    So a published candidate is never dearer *and* worse than the baseline it replaces.
@@ -61,7 +66,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
@@ -69,10 +74,12 @@ import numpy as np
 from scipy.stats import binomtest, multinomial, norm
 
 from promptdistill.core.display import format_number
+from promptdistill.core.settings import check, setting
 from promptdistill.core.stats import paired_diffs
 from promptdistill.engine.meter import phase
 from promptdistill.evaluate.evaluator import EvalReport
 from promptdistill.search.budget import Budget
+from promptdistill.search.selection import FASTER, KEPT, TIE, SelectionRecord
 from promptdistill.search.sequential import (
     PLAN_CONFIDENCE,
     Plan,
@@ -88,7 +95,9 @@ __all__ = [
     "Candidate",
     "Decision",
     "NON_INFERIOR",
+    "RaceKnobs",
     "RaceSettings",
+    "Selection",
     "FASTER",
     "KEPT",
     "TIE",
@@ -120,8 +129,6 @@ UNDECIDED = "undecided"
 NOT_RACED = "not raced"
 STOPPED = "stopped"
 
-FASTER, TIE, KEPT = "faster", "tie, no worse", "kept"
-"""The clauses of the selection rule (see the module docstring)."""
 SCREEN_Z = float(norm.ppf(0.80))
 """The screen's one-sided 80% bound: a candidate is screened out as worse than the margin
 only when the upper bound of its paired difference is below ``-margin``."""
@@ -141,30 +148,43 @@ never replaces it: a tie may not hide a slowdown a service would notice."""
 
 
 @dataclass(frozen=True)
-class RaceSettings:
-    """How a race decides. Every field has a default; ``margin`` is the spec's."""
+class RaceKnobs:
+    """How a race decides, as a user sets it, declared once: the distiller's ``DistillConfig``
+    and the optimizer's ``SelectionRule`` inherit these fields; :class:`RaceSettings` adds
+    what the spec fixes (the margin, the kind of score)."""
+
+    alpha: float = setting(0.1, "chance of certifying any finalist whose quality drop exceeds the allowed one "
+                           "(family-wise over the finalists)", above=0, below=0.5)
+    finalists: int = setting(3, "most candidates raced in turn on the certify records after screening (alpha is split "
+                             "among those the pool has room for); the distiller hands as many to the optimizer",
+                             at_least=1)
+    first_look: int = setting(50, "certify records of the race's first look (then doubling up to the pool; every this "
+                              "many for the confidence sequence: continuous scores or pools under 100)", at_least=1)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaceSettings(RaceKnobs):
+    """A race as it runs on one spec: the knobs (:class:`RaceKnobs`), the margin and the kind of score."""
 
     margin: float
     """Largest allowed drop of the mean score (the spec's ``slo.max_quality_drop``)."""
-    alpha: float = 0.1
-    """Chance of certifying any finalist that is worse than the margin (family-wise)."""
-    finalists: int = 3
-    """Most candidates raced in turn after screening (alpha is split among those the plan admits)."""
-    first_look: int = 50
-    """Certify records of the first look; each later look doubles it, up to the pool (the
-    confidence sequence, valid at every record, looks every ``first_look`` records: continuous
-    scores, and discrete ones on pools under ``MIN_GROUP_SEQUENTIAL_POOL``)."""
     discrete: bool = True
     """Scores on a small grid (0/1, shares of a few checks): the group-sequential test;
-    False (judge, python metrics): the confidence sequence."""
+    False (judge, python metrics): the confidence sequence (also on discrete pools under
+    ``MIN_GROUP_SEQUENTIAL_POOL``, which look every ``first_look`` records)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.margin <= 1.0:
             raise ValueError(f"margin must be in [0, 1], got {self.margin}.")
-        if not 0.0 < self.alpha < 0.5:
-            raise ValueError(f"alpha must be in (0, 0.5), got {self.alpha}.")
-        if self.finalists < 1 or self.first_look < 1:
-            raise ValueError(f"finalists and first_look must be at least 1, got {self.finalists}, {self.first_look}.")
+
+    @classmethod
+    def of(cls, knobs: RaceKnobs, *, margin: float, discrete: bool) -> "RaceSettings":
+        """The race ``knobs`` (any settings class that inherits them) on a spec's margin and kind of score."""
+        return cls(**{f.name: getattr(knobs, f.name) for f in fields(RaceKnobs)}, margin=margin, discrete=discrete)
 
 
 @dataclass(frozen=True)
@@ -225,6 +245,51 @@ class Candidate:
         old = getattr(self, part)
         setattr(self, part, report if old is None else old.merged(report))
         self.lm_calls += report.lm_calls
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What :func:`select` decided: the winner, by which clause, with the numbers behind it.
+
+    The one decision both stages make; publishing and the reports read its stored form
+    (:meth:`record`, :class:`~promptdistill.search.selection.SelectionRecord`), never the
+    reason's text.
+    """
+
+    winner: Candidate
+    """The candidate to publish: the baseline when ``clause`` is KEPT."""
+    baseline: Candidate
+    clause: str
+    """FASTER, TIE or KEPT (:mod:`promptdistill.search.selection`)."""
+    reason: str
+    """The decision in words and numbers, starting with the clause."""
+    latency: str = "cost"
+    """What the cost measures ("instruction tokens", "expected TTFT"): the latency that decided."""
+    resolution: float | None = None
+    """The cost difference between the winner and the baseline below which they tie (None: kept)."""
+    bounds: tuple[float | None, float | None] | None = None
+    """The winner's certified bounds on its mean difference from the baseline (None: kept)."""
+    reverted_from: Candidate | None = None
+    """The candidate the rule chose and the test split reverted (``clause`` is then KEPT)."""
+    chosen_clause: str | None = None
+    """The clause that chose ``reverted_from``."""
+
+    @property
+    def kept(self) -> bool:
+        """The baseline stays (nothing chosen, or the test split reverted the choice)."""
+        return self.clause == KEPT
+
+    def reverted(self, why: str) -> "Selection":
+        """The baseline instead of this winner, ``why`` appended to the reason."""
+        return replace(self, winner=self.baseline, clause=KEPT, reason=f"{self.reason}; {why}", resolution=None,
+                       bounds=None, reverted_from=self.winner, chosen_clause=self.clause)
+
+    def record(self) -> SelectionRecord:
+        """The decision as a result stores it (ids instead of candidates)."""
+        return SelectionRecord(winner=self.winner.id, baseline=self.baseline.id, clause=self.clause,
+                               reason=self.reason, latency=self.latency, resolution=self.resolution,
+                               bounds=self.bounds, chosen_clause=self.chosen_clause,
+                               reverted_from=self.reverted_from.id if self.reverted_from is not None else None)
 
 
 def paired_mean(candidate: EvalReport, baseline: EvalReport) -> float | None:
@@ -507,7 +572,7 @@ def _race_over(baseline: Candidate, raced: Sequence[Candidate], budget: Budget, 
                resolution: Resolution) -> str | None:
     """Why no later finalist is raced after ``raced[-1]``, or None: selection would take a
     certified finalist, or the budget refused a step since ``refusals`` was read."""
-    if raced[-1].decision.certified and select(baseline, raced, resolution=resolution)[0] is not baseline:
+    if raced[-1].decision.certified and not select(baseline, raced, resolution=resolution).kept:
         return f"{raced[-1].id}, raced before it, was certified and would be selected"
     if budget.refusals > refusals:
         return budget.reason or "budget"
@@ -694,9 +759,19 @@ def preference_order(cands: Sequence[Candidate], resolution: Resolution,
     return out
 
 
-def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: Resolution) -> tuple[Candidate, str]:
+def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: Resolution,
+           latency: str = "cost") -> Selection:
     """The winner among the certified candidates and the baseline, and why: the clause of
-    the rule that decided (see the module docstring), in numbers."""
+    the rule that decided (see the module docstring), in numbers. ``latency``: what the
+    candidates' cost measures ("expected TTFT", "P95 TTFT at 4 req/s"), named in the
+    reason beside the figures and recorded with the decision."""
+    def chosen(best: Candidate, clause: str, reason: str) -> Selection:
+        return Selection(best, baseline, clause, reason, latency, resolution(best, baseline),
+                         (best.decision.lower, best.decision.upper))
+
+    def kept(reason: str) -> Selection:
+        return Selection(baseline, baseline, KEPT, reason, latency)
+
     certified = [c for c in candidates if c.decision.certified]
     if not certified:
         # What each raced finalist's test said (a futility stop after 400 records is not
@@ -704,24 +779,25 @@ def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: 
         said = [f"{c.id}: {c.decision.reason}" for c in candidates if c.raced is not None
                 or c.decision.verdict == NOT_RACED and any(w in c.decision.reason for w in ("budget", "cap"))]
         shown = f" ({'; '.join(said)})" if said else ""
-        return baseline, f"{KEPT}: no candidate certified non-inferior{shown}; keeping the baseline"
+        return kept(f"{KEPT}: no candidate certified non-inferior{shown}; keeping the baseline")
     faster = [c for c in certified if _faster(c, baseline, resolution)]
     if faster:
         best = _preferred(faster, resolution, baseline)
-        return best, (f"{FASTER}: {best.id}: {best.decision.reason}; cost {best.cost:.1f} vs baseline "
+        return chosen(best, FASTER, f"{FASTER}: {best.id}: {best.decision.reason}; {latency} {best.cost:.1f} vs baseline "
                       f"{baseline.cost:.1f}, lower by more than the resolution ({resolution(best, baseline):.1f})")
     ties = [c for c in certified if can_beat(c, baseline, resolution, best_is_baseline=True)]
     no_worse = [c for c in ties if (gap := quality_gap(c, baseline)) is not None and gap >= -1e-12]
     if no_worse:
         best = _preferred(no_worse, resolution, baseline)
-        return best, (f"{TIE}: {best.id}: {best.decision.reason}; cost {best.cost:.1f} vs baseline "
+        return chosen(best, TIE, f"{TIE}: {best.id}: {best.decision.reason}; {latency} {best.cost:.1f} vs baseline "
                       f"{baseline.cost:.1f} is within the resolution ({resolution(best, baseline):.1f}) and its "
                       f"quality on the certify records is at least the baseline's "
                       f"({quality_gap(best, baseline):+.3f})")
-    shown = ", ".join(f"{c.id} cost {c.cost:.1f}, quality {format_number(quality_gap(c, baseline), '+.3f')}" for c in certified)
-    return baseline, (f"{KEPT}: {len(certified)} candidate(s) certified non-inferior ({shown}) but none is faster "
-                      f"than the baseline ({baseline.cost:.1f}) beyond the resolution, nor within it at the "
-                      "baseline's quality or better; keeping the baseline")
+    shown = ", ".join(f"{c.id} {latency} {c.cost:.1f}, quality {format_number(quality_gap(c, baseline), '+.3f')}"
+                      for c in certified)
+    return kept(f"{KEPT}: {len(certified)} candidate(s) certified non-inferior ({shown}) but none is faster "
+                f"than the baseline ({baseline.cost:.1f}) beyond the resolution, nor within it at the "
+                "baseline's quality or better; keeping the baseline")
 
 
 def plan_from_screen(baseline: Candidate, finalists: Sequence[Candidate], *, pool: int,
