@@ -9,8 +9,8 @@ Two parts, one server (one engine on the machine):
    (``load-ttft-model``), where the optimizer finds it for specs that declare ``slo.load``.
 2. **The comparison**, per spec with a published winner (``NAME@production`` in the
    registry, other than the spec as written): the baseline's capacity (closed loop at
-   concurrency 16), then both templates at rates of 0.3, 0.6, 0.85 and 1.2 of it (light,
-   below the knee, near it, past it), interleaved in paired blocks; P50/P95/P99 TTFT and
+   concurrency 16), then both templates at rates of 0.3, 0.85 and 1.2 of it (light,
+   near the knee, past it), interleaved in paired blocks; P50/P95/P99 TTFT and
    throughput with intervals and n, the winner's P95 minus the baseline's, and each
    template's sustainable rate at the spec's ``slo.ttft_ms`` (the P95 target), with the
    winner's as a ratio to the baseline's.
@@ -46,7 +46,7 @@ from promptdistill.specs.load import load_spec  # noqa: E402
 from promptdistill.specs.model import Load  # noqa: E402
 from promptdistill.specs.prompt import select_examples, template_content  # noqa: E402
 
-SHARES = {"light": 0.3, "below the knee": 0.6, "near the knee": 0.85, "past the knee": 1.2}
+SHARES = {"light": 0.3, "near the knee": 0.85, "past the knee": 1.2}
 """The rates measured, as shares of the baseline's capacity."""
 
 

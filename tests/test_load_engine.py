@@ -82,9 +82,9 @@ def test_the_load_command_writes_its_report_through_a_configured_server(vllm_ser
 
 
 @pytest.fixture(scope="session")
-def load_profile_cells(vllm_server, tmp_path_factory):
-    """A small real load profile: two specs as written and described, concurrency 1, 4 and
-    8, two rates, two rounds."""
+def load_profile_cells(vllm_server):
+    """A small real load profile: ticket_triage as written and described, and invoice_extraction
+    described (short and long replies), at concurrency 1, 4 and 8 and two rates, two rounds."""
     from dataclasses import replace
 
     from promptdistill.core.config import EngineConfig
@@ -97,21 +97,20 @@ def load_profile_cells(vllm_server, tmp_path_factory):
     from promptdistill.specs.prompt import select_examples
 
     engine = ServerEngine(replace(EngineConfig(), backend="server", server_urls=(vllm_server.url,)))
-    variants = []
-    for name in ("ticket_triage", "invoice_extraction"):
-        spec = load_spec(f"prompts/{name}.yaml")
-        train = split_records(spec, seed=0, screen_size=1, dev_size=2, test_size=0).train
-        variants += [(f"{name}/baseline", spec, list(select_examples(spec, train, seed=0))),
-                     (f"{name}/described", fixed_spec(described_variant(spec), []), [])]
+    triage, invoice = load_spec("prompts/ticket_triage.yaml"), load_spec("prompts/invoice_extraction.yaml")
+    train = split_records(triage, seed=0, screen_size=1, dev_size=2, test_size=0).train
+    variants = [("ticket_triage/baseline", triage, list(select_examples(triage, train, seed=0))),
+                ("ticket_triage/described", fixed_spec(described_variant(triage), []), []),
+                ("invoice_extraction/described", fixed_spec(described_variant(invoice), []), [])]
     templates = profile_templates(variants, tokenizer=engine, block_tokens=engine.identity.block_size or 16,
-                                  model=SERVED, records=16)
-    config = LoadProfileConfig(concurrencies=(1, 4, 8), rate_shares=(0.3, 0.6), requests=10, solo_requests=3,
-                               warmup=2, repeats=2, records=16)
+                                  model=SERVED, records=12)
+    config = LoadProfileConfig(concurrencies=(1, 4, 8), rate_shares=(0.3, 0.6), requests=8, solo_requests=2,
+                               warmup=1, repeats=2, records=12)
     rows = run_load_profile(vllm_server.url, templates, config)
     return engine, templates, rows, profile_cells(rows)
 
 
-def test_a_load_profile_fits_a_model_that_prices_prefill_and_capacity(load_profile_cells, tmp_path):
+def test_a_load_profile_fits_a_model_that_queues_with_the_load(load_profile_cells, tmp_path):
     from promptdistill.load.fit import load_error_table
     from promptdistill.load.model import LoadTTFTModel
     from promptdistill.load.store import load_load_model, publish_load_model
@@ -120,14 +119,24 @@ def test_a_load_profile_fits_a_model_that_prices_prefill_and_capacity(load_profi
     engine, templates, rows, cells = load_profile_cells
     kinds = {(r["load_kind"], r["load_value"]) for r in rows}
     assert {("concurrency", 1.0), ("concurrency", 4.0), ("concurrency", 8.0)} <= kinds
-    assert len([k for k in kinds if k[0] == "rate"]) == 2
-    assert all(r["failed"] == 0 for r in rows)
+    rates = sorted(v for k, v in kinds if k == "rate")
+    assert len(rates) == 2 and all(r["failed"] == 0 for r in rows)
     model = LoadTTFTModel().fit(cells)
-    long_, short = (next(t for t in templates if t.prompt_id == f"invoice_extraction/{v}") for v in ("baseline", "described"))
-    g = np.mean([c["completion_tokens"] for c in cells if c["prompt_id"] == "invoice_extraction/baseline"])
-    # The long prompt costs the engine more per request, so it reaches its knee sooner.
-    assert model.seconds_per_request({**long_.features, "completion_tokens": g}) > \
-        model.seconds_per_request({**short.features, "completion_tokens": g})
+    for t in templates:
+        g = np.mean([c["completion_tokens"] for c in cells if c["prompt_id"] == t.prompt_id])
+        x = {**t.features, "completion_tokens": g}
+        assert model.seconds_per_request(x) > 0
+        # A queue only grows with the load: more in flight, or faster arrivals, never a lower percentile.
+        assert model.predict_one(x, "concurrency", 8) >= model.predict_one(x, "concurrency", 1) * 0.9
+        assert model.predict_one(x, "rate", rates[1]) >= model.predict_one(x, "rate", rates[0]) * 0.9
+    # Longer replies hold the batch: the invoice template (tens of tokens a reply) costs more a request.
+    short, long_ = (next(t for t in templates if t.prompt_id == pid) for pid in
+                    ("ticket_triage/described", "invoice_extraction/described"))
+    g = {t.prompt_id: np.mean([c["completion_tokens"] for c in cells if c["prompt_id"] == t.prompt_id])
+         for t in templates}
+    assert g[long_.prompt_id] > 2 * g[short.prompt_id]
+    assert model.seconds_per_request({**long_.features, "completion_tokens": g[long_.prompt_id]}) > \
+        model.seconds_per_request({**short.features, "completion_tokens": g[short.prompt_id]})
     table = load_error_table(cells)
     assert {r["load"] for r in table} >= {"concurrency 4", "concurrency 8"}
     assert all(r["cells"] > 0 and r.get("floor") is not None for r in table)
@@ -135,3 +144,39 @@ def test_a_load_profile_fits_a_model_that_prices_prefill_and_capacity(load_profi
     publish_load_model(registry, model, engine.identity, model_name="SmolLM2-135M-Instruct")
     again, meta = load_load_model(registry, engine.identity, "SmolLM2-135M-Instruct")
     assert again.to_dict() == model.to_dict() and meta["model_name"] == "SmolLM2-135M-Instruct"
+
+
+def test_a_spec_that_declares_a_load_is_decided_and_verified_at_it(load_profile_cells, engine, ttft_model,
+                                                                   vllm_server):
+    """ticket_triage at 1 req/s on the real engine: candidates priced by the profile's load
+    model, the reason names P95 at that load, and a winner is measured there before it stands."""
+    import dataclasses
+
+    from promptdistill.load.fit import load_error_table
+    from promptdistill.load.model import LoadTTFTModel
+    from promptdistill.optimize import optimize
+    from promptdistill.optimize.predict import LoadPricing
+    from promptdistill.pipeline.budgets import budget_preset
+    from promptdistill.specs.load import load_spec
+
+    _, _, _, cells = load_profile_cells
+    spec = load_spec("prompts/ticket_triage.yaml")
+    spec = spec.with_changes(slo=dataclasses.replace(spec.slo, load=Load(rate_rps=1.0), ttft_ms=None))
+    pricing = LoadPricing.from_model(LoadTTFTModel().fit(cells), spec.slo, load_error_table(cells),
+                                     server=(vllm_server.url, SERVED))
+    preset = budget_preset("smoke")
+    result = optimize(engine, spec, ttft_model=ttft_model, budget=preset["budget"], selection=preset["selection"],
+                      load_pricing=pricing)
+    assert result.selection.latency == "P95 TTFT at 1 req/s"
+    assert result.provenance["latency"] == "P95 TTFT at 1 req/s"
+    priced = result.candidates.dropna(subset=["ttft_load_ms"])
+    assert len(priced) == len(result.candidates)  # every candidate was priced at the load
+    check = result.verification.get("load_check")
+    if not result.kept_baseline:  # a winner that stands was measured at the load and not found slower
+        assert check is not None and check["verdict"] != "slower"
+    if check is not None:
+        assert check["latency"] == "P95 TTFT at 1 req/s" and check["n"] > 0
+        assert check["verdict"] in ("slower", "faster", "not shown")
+        assert ("REVERTED at load" in result.reason) == (check["verdict"] == "slower")
+    if "P95 TTFT at 1 req/s" not in result.reason:  # only a race that certified nothing names no latency
+        assert result.reason.startswith("kept: no candidate certified")

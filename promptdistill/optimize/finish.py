@@ -249,6 +249,21 @@ def finish(run: OptimizeRun) -> OptimizationResult:
             content = _content(final_spec, winner, tb, constrained)
             verification["rendering_checked"] = check_rendering(content, final_spec, winner.examples, test)
             winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep, confidence)}
+        if run.load is not None and not kept and run.budget.timing_records > 0:
+            load_check = _check_at_load(run, content)
+            verification["load_check"] = load_check.to_dict()
+            winner_fig["load_check"] = load_check.sentence()
+            if load_check.slower:
+                selection = selection.reverted(f"REVERTED at load: {load_check.sentence()}: slower than the "
+                                               "baseline beyond the interval; keeping the baseline")
+                verification["reverted_from"] = selection.reverted_from.id
+                winner, kept, final_spec = base, True, base.spec
+                constrained = run.spec.output_schema is not None
+                fmt = "constrained" if constrained else "none"
+                fmt_report = base.raced if base.raced is not None else base.screen
+                tb = _budget_from(fmt_report)
+                content = _content(final_spec, winner, tb, constrained)
+                winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep, confidence)}
         if run.budget.timing_records > 0:
             timing_rows, timing_requests = _timing(run, winner, final_spec, content, kept)
             baseline_fig.update(timing_summary(timing_rows, "baseline", run.warm_share))
@@ -279,6 +294,20 @@ def finish(run: OptimizeRun) -> OptimizationResult:
         ttft_kind=run.rule.ttft, slo_ttft_ms=run.spec.slo.ttft_ms, max_quality_drop=run.max_drop,
         splits=run.splits.sizes(), references=dict(run.references),
     )
+
+
+def _check_at_load(run: OptimizeRun, content: dict[str, Any]) -> Any:
+    """The winner's content against the baseline's at ``slo.load``, through a vLLM server:
+    the engine's own when it is one, else one started for the measurement."""
+    from promptdistill.load.verify import check_at_load, server_for
+
+    base = run.baseline
+    base_content = template_content(base.spec, base.examples, max_tokens=run.spec.max_tokens, sampling=SAMPLING)
+    if run.load.server is not None:
+        url, served = run.load.server
+        return check_at_load(url, run.spec, base_content, content, model=served, seed=run.seed)
+    with server_for(run.timing_engine) as (url, served):
+        return check_at_load(url, run.spec, base_content, content, model=served, seed=run.seed)
 
 
 def _timing(run: OptimizeRun, winner: ExampleCandidate, final_spec: Spec, content: dict, kept: bool) -> tuple[list[dict], int]:

@@ -131,16 +131,21 @@ class LoadPricing:
     percentile: float
     relative_error: float
     """The model's held-out error (MAPE) at the profiled load nearest the declared one."""
+    server: tuple[str, str] | None = None
+    """Where verification measures at the load: (a vLLM server's ``.../v1`` URL, its served
+    model name); None: the engine's own server, or one started for the measurement."""
 
     @classmethod
-    def from_model(cls, model: Any, slo: Slo, errors: Sequence[Mapping[str, Any]] = ()) -> "LoadPricing":
+    def from_model(cls, model: Any, slo: Slo, errors: Sequence[Mapping[str, Any]] = (), *,
+                   server: tuple[str, str] | None = None) -> "LoadPricing":
         """``errors``: the model's held-out error table (``load.fit.load_error_table``);
         without it the error is unknown and taken as 0.25 (a wide tie, never a false "faster")."""
         if slo.load is None:
             raise ValueError("LoadPricing needs a spec that declares slo.load")
         same = [e for e in errors if e.get("load_kind") == slo.load.kind and e.get("mape") is not None]
         nearest = min(same, key=lambda e: abs(math.log(float(e["load_value"]) / slo.load.value)), default=None)
-        return cls(model, slo.load, slo.ttft_percentile, float(nearest["mape"]) if nearest else UNKNOWN_LOAD_ERROR)
+        return cls(model, slo.load, slo.ttft_percentile, float(nearest["mape"]) if nearest else UNKNOWN_LOAD_ERROR,
+                   server)
 
     @property
     def latency(self) -> str:
