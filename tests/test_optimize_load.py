@@ -88,3 +88,17 @@ def test_load_pricing_takes_the_error_of_the_nearest_profiled_load(load_model, t
     assert LoadPricing.from_model(load_model, slo, errors).relative_error == 0.05
     assert LoadPricing.from_model(load_model, slo, []).relative_error == 0.25
     assert LoadPricing.from_model(load_model, slo).latency == "P95 TTFT at 2 req/s"
+
+
+def test_the_night_report_shows_the_percentile_at_the_load_and_the_sustainable_rate(triage, load_model):
+    from promptdistill.pipeline.report import comparison_rows
+    from promptdistill.pipeline.stages import result_figures
+
+    spec = at_load(triage[0], ttft_ms=400.0)
+    result = json.loads(json.dumps(run(spec, load_model).to_json(), default=str))
+    figures = result_figures(result)
+    assert figures["latency"] == "P95 TTFT at 2 req/s"
+    assert figures["load_ttft_ms_predicted_before"] > 0 and figures["sustainable_rps_before"] > 0
+    rows = {what: (before, after) for what, before, after in comparison_rows(figures)}
+    assert "P95 TTFT at 2 req/s, predicted (ms)" in rows
+    assert "sustainable rate at slo.ttft_ms, predicted (req/s)" in rows

@@ -229,7 +229,8 @@ def optimize_spec(engine_config: EngineConfig, job: SpecJob, budget: OptimizeBud
     with engine_slot(engine_config, engine):
         return stages.optimize_stage(engine, job, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
                                      distilled=distilled, out_dir=stages.stage_dir(state_dir(), "optimize", key),
-                                     cache_path=stages.lm_cache_path(state_dir()), judge_engine=judge_engine())
+                                     cache_path=stages.lm_cache_path(state_dir()), judge_engine=judge_engine(),
+                                     registry=Registry(registry_root))
 
 
 @task(name="publish-template", cache_policy=NO_CACHE)

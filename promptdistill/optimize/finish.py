@@ -198,7 +198,7 @@ def _dev_figures(cand: ExampleCandidate, run: OptimizeRun) -> dict[str, Any]:
             "decision": cand.decision.to_dict(),
             **{k: p.get(k) for k in ("ttft_cold_ms", "ttft_warm_ms", "ttft_expected_ms", "total_tokens",
                                      "static_prefix_tokens", "warm_cached_tokens", "instruction_tokens",
-                                     "semantic_density")}}
+                                     "semantic_density", "ttft_load_ms", "load_latency", "sustainable_rps")}}
 
 
 def finish(run: OptimizeRun) -> OptimizationResult:

@@ -155,19 +155,27 @@ class LoadPricing:
     def price(self, prediction: Mapping[str, Any], completion_tokens: float) -> float:
         """The predicted percentile (ms) for a candidate's mean prediction features; ``inf``
         when the template cannot sustain the load at all."""
+        return float(self.model.predict_one(self._features(prediction, completion_tokens), self.load.kind,
+                                            self.load.value))
+
+    def sustainable_rps(self, prediction: Mapping[str, Any], completion_tokens: float,
+                        target_ms: float | None) -> float | None:
+        """The highest rate at which the predicted percentile meets ``target_ms`` (None without one)."""
+        if target_ms is None:
+            return None
+        return float(self.model.sustainable_rate(self._features(prediction, completion_tokens), target_ms))
+
+    @staticmethod
+    def _features(prediction: Mapping[str, Any], completion_tokens: float) -> dict[str, float]:
         cached = float(prediction["warm_cached_tokens"])
-        x = {"uncached_tokens": float(prediction["total_tokens"]) - cached, "cached_tokens": cached,
-             "completion_tokens": float(completion_tokens)}
-        return float(self.model.predict_one(x, self.load.kind, self.load.value))
+        return {"uncached_tokens": float(prediction["total_tokens"]) - cached, "cached_tokens": cached,
+                "completion_tokens": float(completion_tokens)}
 
     def utilization(self, prediction: Mapping[str, Any], completion_tokens: float) -> float | None:
         """Predicted engine utilization at a rate (None for a concurrency)."""
         if self.load.rate_rps is None:
             return None
-        cached = float(prediction["warm_cached_tokens"])
-        x = {"uncached_tokens": float(prediction["total_tokens"]) - cached, "cached_tokens": cached,
-             "completion_tokens": float(completion_tokens)}
-        return float(self.model.utilization(x, self.load.rate_rps))
+        return float(self.model.utilization(self._features(prediction, completion_tokens), self.load.rate_rps))
 
 
 UNKNOWN_LOAD_ERROR = 0.25

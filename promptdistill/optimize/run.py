@@ -210,7 +210,8 @@ class OptimizeRun:
         if self.load is not None:
             reply = self.reply_tokens(cand)
             p.update(ttft_load_ms=self.load.price(p, reply), load_reply_tokens=reply,
-                     load_utilization=self.load.utilization(p, reply), load_latency=self.load.latency)
+                     load_utilization=self.load.utilization(p, reply), load_latency=self.load.latency,
+                     sustainable_rps=self.load.sustainable_rps(p, reply, self.spec.slo.ttft_ms))
             cand.cost = p["ttft_load_ms"]
         cand.static_tokens = int(round(p["static_prefix_tokens"]))
 

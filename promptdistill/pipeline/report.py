@@ -53,6 +53,9 @@ SUMMARY_COLUMNS = (
     "quality_before", "quality_before_low", "quality_before_high",
     "quality_after", "quality_after_low", "quality_after_high",
     "valid_json_rate_before", "valid_json_rate_after",
+    "latency", "load_ttft_ms_predicted_before", "load_ttft_ms_predicted_after", "sustainable_rps_before",
+    "sustainable_rps_after", "load_ttft_ms_before", "load_ttft_ms_after", "load_diff_ms", "load_diff_low_ms",
+    "load_diff_high_ms",
     "gate_passed", "gate_reason", "test_n", "race_n", "diff_lower", "plan", "warm_share", "warm_share_source",
     "lm_calls", "tokens_processed", "minutes",
     "version", "labels", "promotion", "cached", "run_key", "error",
@@ -206,6 +209,18 @@ def comparison_rows(r: Mapping[str, Any], kind: str = "expected") -> list[tuple[
                   format_number(r.get(f"{predicted}_after")))]
     ttft.append(("static prefix cached when warm", format_number(r.get("static_cached_share_before"), ".0%"),
                  format_number(r.get("static_cached_share_after"), ".0%")))
+    latency = r.get("latency") or ""
+    if " at " in latency:  # a declared load: its percentile, predicted and measured, and the sustainable rate
+        diff = r.get("load_diff_ms")
+        measured_after = format_number(r.get("load_ttft_ms_after"))
+        if diff is not None:
+            measured_after += (f" ({format_number(diff, '+.0f')} [{format_number(r.get('load_diff_low_ms'), '+.0f')}, "
+                               f"{format_number(r.get('load_diff_high_ms'), '+.0f')}])")
+        ttft += [(f"{latency}, measured (ms)", format_number(r.get("load_ttft_ms_before")), measured_after),
+                 (f"{latency}, predicted (ms)", format_number(r.get("load_ttft_ms_predicted_before")),
+                  format_number(r.get("load_ttft_ms_predicted_after"))),
+                 ("sustainable rate at slo.ttft_ms, predicted (req/s)", format_number(r.get("sustainable_rps_before"), ".2f"),
+                  format_number(r.get("sustainable_rps_after"), ".2f"))]
     if r.get("kept_baseline"):
         ttft = [(k, b, "same prompt (kept)") for k, b, _a in ttft]
     return [("quality, 95% CI" + (f" ({format_number(r.get('test_n'))} test records)" if r.get("test_n") else ""),

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping
 
 import pandas as pd
 
+from promptdistill.core.errors import ConfigError, TemplateNotFoundError
 from promptdistill.core.jsonio import json_records, json_safe
 from promptdistill.distill.loop import DistillConfig, distill
 from promptdistill.distill.result import DistillResult
@@ -90,7 +91,8 @@ def run_distill(engine: Engine, spec: Spec, *, config: DistillConfig, out_dir: s
 
 def run_optimize(engine: Engine, spec: Spec, *, ttft_model: TTFTModel, budget: OptimizeBudget,
                  selection: SelectionRule, seed: int, out_dir: str | Path, variants: Any = None,
-                 cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> OptimizationResult:
+                 cache_path: str | Path | None = None, judge_engine: Engine | None = None,
+                 load_pricing: Any = None) -> OptimizationResult:
     """The optimizer on ``spec`` behind the LM result cache, its files written to ``out_dir``.
 
     ``variants`` are the instruction variants (the distiller's finalists; None: the
@@ -98,7 +100,7 @@ def run_optimize(engine: Engine, spec: Spec, *, ttft_model: TTFTModel, budget: O
     """
     with cached(engine, cache_path) as lm, cached(judge_engine, cache_path) as judge:
         result = optimize(lm, spec, ttft_model=ttft_model, budget=budget, seed=seed, distill_candidates=variants,
-                          selection=selection, judge_engine=judge)
+                          selection=selection, judge_engine=judge, load_pricing=load_pricing)
     result.write(out_dir)
     return result
 
@@ -114,8 +116,12 @@ def distill_stage(engine: Engine, job: SpecJob, *, config: DistillConfig, seed: 
 
 def optimize_stage(engine: Engine, job: SpecJob, *, ttft_model: TTFTModel, budget: OptimizeBudget,
                    selection: SelectionRule, seed: int, out_dir: str | Path, distilled: Mapping[str, Any] | None = None,
-                   cache_path: str | Path | None = None, judge_engine: Engine | None = None) -> dict[str, Any]:
+                   cache_path: str | Path | None = None, judge_engine: Engine | None = None,
+                   registry: Any = None) -> dict[str, Any]:
     """Optimize the spec (:func:`run_optimize`, with the distiller's finalists as variants, when given).
+
+    A spec that declares ``slo.load`` is priced at that load with the registry's load TTFT
+    model for this engine (:func:`load_pricing_for`).
 
     Returns:
         ``OptimizationResult.to_json()`` plus ``folder``: everything publishing and
@@ -125,9 +131,43 @@ def optimize_stage(engine: Engine, job: SpecJob, *, ttft_model: TTFTModel, budge
     variants = None
     if distilled is not None:
         variants = variants_from_parquet(spec, Path(distilled["folder"]) / "candidates.parquet")
+    pricing = load_pricing_for(registry, engine, spec) if spec.slo.load is not None else None
     result = run_optimize(engine, spec, ttft_model=ttft_model, budget=budget, selection=selection, seed=seed,
-                          out_dir=out_dir, variants=variants, cache_path=cache_path, judge_engine=judge_engine)
+                          out_dir=out_dir, variants=variants, cache_path=cache_path, judge_engine=judge_engine,
+                          load_pricing=pricing)
     return {**result.to_json(), "folder": str(out_dir)}
+
+
+def load_pricing_for(registry: Any, engine: Engine, spec: Spec) -> Any:
+    """The spec's declared load priced with the registry's load TTFT model for the weights
+    ``engine`` serves (its held-out errors give the resolution).
+
+    Raises:
+        ConfigError: no registry, or no load model for this engine (how to fit one is named).
+    """
+    from promptdistill.load.store import load_load_model
+    from promptdistill.optimize.predict import LoadPricing
+
+    if registry is None:
+        raise ConfigError(f"{spec.name}: slo.load: pricing a load needs the registry's load TTFT model")
+    try:
+        model, meta = load_load_model(registry, engine.identity, _served_weights(engine))
+    except TemplateNotFoundError as e:
+        raise ConfigError(f"{spec.name}: slo.load: {e}") from None
+    return LoadPricing.from_model(model, spec.slo, meta.get("errors") or ())
+
+
+def _served_weights(engine: Engine) -> str:
+    """The model folder's name behind ``engine`` (a server's served name hides it)."""
+    from promptdistill.engine.base import unwrap_engine
+
+    from promptdistill.engine import resolve_model
+
+    inner = unwrap_engine(engine)
+    path = getattr(inner, "model_path", None) or getattr(getattr(inner, "config", None), "model", None)
+    if path is None:
+        return str(inner.identity.model)
+    return Path(resolve_model(str(path)) if path == "embedded" else str(path)).name
 
 
 def _first(figs: Mapping[str, Any], *keys: str) -> Any:
@@ -163,7 +203,14 @@ def result_figures(result: Mapping[str, Any]) -> dict[str, Any]:
         out[f"quality_{suffix}_low"] = figs.get("test_ci_low" if test else "dev_ci_low")
         out[f"quality_{suffix}_high"] = figs.get("test_ci_high" if test else "dev_ci_high")
         out[f"valid_json_rate_{suffix}"] = _first(figs, "test_valid_json_rate", "dev_valid_json_rate")
+        # At a declared load: the predicted percentile there and the sustainable rate at slo.ttft_ms.
+        out[f"load_ttft_ms_predicted_{suffix}"] = figs.get("ttft_load_ms")
+        out[f"sustainable_rps_{suffix}"] = figs.get("sustainable_rps")
     winner = result["winner"]
+    check = (result.get("verification") or {}).get("load_check") or {}
+    out.update(latency=selection.latency, load_ttft_ms_before=check.get("baseline_ms"),
+               load_ttft_ms_after=check.get("winner_ms"), load_diff_ms=check.get("difference_ms"),
+               load_diff_low_ms=check.get("low_ms"), load_diff_high_ms=check.get("high_ms"))
     out.update(ttft_diff_ms=winner.get(f"measured_{kind}_diff_ms"), ttft_diff_low_ms=winner.get(f"measured_{kind}_diff_low_ms"),
                ttft_diff_high_ms=winner.get(f"measured_{kind}_diff_high_ms"), kept_baseline=selection.kept,
                clause=selection.clause,
