@@ -9,6 +9,7 @@ one run, and the sustainable rate at the spec's target. Writes ``report.json`` a
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 __all__ = ["register"]
@@ -59,6 +60,8 @@ def _load(args: argparse.Namespace) -> int:
     if args.requests <= WARMUP or args.blocks < 1:
         raise ConfigError(f"--requests must be more than the {WARMUP} warm-up requests of a block, and --blocks at "
                           f"least 1; got {args.requests} and {args.blocks}")
+    # A terminated run stops the server it started (the context managers run) and writes nothing.
+    signal.signal(signal.SIGTERM, _interrupt)
     settings = load_settings(args.config)
     spec = load_spec(args.name, prompts_dir=args.prompts_dir)
     ref = args.template or f"{spec.name}@production"
@@ -76,3 +79,7 @@ def _load(args: argparse.Namespace) -> int:
     print(markdown)
     print(f"written: {out / 'report.json'}, {out / 'report.md'}", file=sys.stderr)
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
