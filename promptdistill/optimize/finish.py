@@ -32,6 +32,7 @@ from promptdistill.optimize.verify import (
     ttft_difference,
 )
 from promptdistill.search.held_out import check_on_test, difference_interval
+from promptdistill.search.racing import Selection
 from promptdistill.specs.datasets import dataset_hash
 from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import template_content
@@ -238,8 +239,10 @@ def finish(run: OptimizeRun) -> OptimizationResult:
         verification.update(test_scored=base_rep.n, test_confidence=confidence, test_stop=check.stop)
         baseline_fig.update(_test_figures(run, base_rep, None, confidence))
         winner_fig.update(_test_figures(run, check.winner, base_rep, confidence))
-        if check.reverted:
-            selection = check.selection
+        def keep_baseline(reverted: Selection) -> None:
+            # The baseline as published when nothing was chosen: its own format and token budget.
+            nonlocal selection, winner, kept, final_spec, constrained, fmt, fmt_report, tb, content, winner_fig
+            selection = reverted
             verification["reverted_from"] = selection.reverted_from.id
             winner, kept, final_spec = base, True, base.spec
             constrained = run.spec.output_schema is not None
@@ -249,21 +252,16 @@ def finish(run: OptimizeRun) -> OptimizationResult:
             content = _content(final_spec, winner, tb, constrained)
             verification["rendering_checked"] = check_rendering(content, final_spec, winner.examples, test)
             winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep, confidence)}
+
+        if check.reverted:
+            keep_baseline(check.selection)
         if run.load is not None and not kept and run.budget.timing_records > 0:
             load_check = _check_at_load(run, content)
             verification["load_check"] = load_check.to_dict()
             winner_fig["load_check"] = load_check.sentence()
             if load_check.slower:
-                selection = selection.reverted(f"REVERTED at load: {load_check.sentence()}: slower than the "
-                                               "baseline beyond the interval; keeping the baseline")
-                verification["reverted_from"] = selection.reverted_from.id
-                winner, kept, final_spec = base, True, base.spec
-                constrained = run.spec.output_schema is not None
-                fmt = "constrained" if constrained else "none"
-                fmt_report = base.raced if base.raced is not None else base.screen
-                tb = _budget_from(fmt_report)
-                content = _content(final_spec, winner, tb, constrained)
-                winner_fig = {**_dev_figures(base, run), **_test_figures(run, base_rep, base_rep, confidence)}
+                keep_baseline(selection.reverted(f"REVERTED at load: {load_check.sentence()}: slower than the "
+                                                 "baseline beyond the interval; keeping the baseline"))
         if run.budget.timing_records > 0:
             timing_rows, timing_requests = _timing(run, winner, final_spec, content, kept)
             baseline_fig.update(timing_summary(timing_rows, "baseline", run.warm_share))
