@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import bundled_specs, progress, setup, write_report
+from bench.common import bundled_specs, commit, progress, setup, write_report
 
 setup()
 
@@ -37,12 +37,13 @@ from promptdistill.pipeline.presets import BUDGET_PRESETS, LOCAL_PRESET  # noqa:
 from promptdistill.pipeline.jobs import prepare_job  # noqa: E402
 from promptdistill.pipeline.stages import distill_stage, lm_cache_path, optimize_stage, result_figures  # noqa: E402
 from promptdistill.pipeline.ttft_models import load_ttft_model  # noqa: E402
+from promptdistill.pipeline.publish import promote_and_publish  # noqa: E402
 from promptdistill.registry.store import Registry  # noqa: E402
 from promptdistill.search.selection import SelectionRecord  # noqa: E402
 
 
 def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: Path, seed: int,
-             distill_first: bool) -> dict[str, Any]:
+             distill_first: bool, publish_to: Registry | None = None) -> dict[str, Any]:
     job = prepare_job(Path("prompts") / f"{name}.yaml")
     cache = lm_cache_path(state)
     started = time.monotonic()
@@ -57,6 +58,10 @@ def run_spec(engine: Any, name: str, preset: dict[str, Any], model: Any, state: 
                             seed=seed, distilled=distilled, out_dir=state / "bench" / "optimize" / name,
                             cache_path=cache)
     minutes = (time.monotonic() - started) / 60.0
+    if publish_to is not None:  # as the nightly publishes: production moves only to a certified winner
+        record, _, decision = promote_and_publish(publish_to, result, run_key=f"bench-optimize-{commit()}-{name}",
+                                                  allow_promotion=True)
+        progress(f"[{name}] published {record.ref}: {decision.reason}")
     figures = result_figures(result)
     b, w = result["baseline"], result["winner"]
     decision = w.get("decision") or {}
@@ -155,6 +160,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help=f"budget preset (default {LOCAL_PRESET}, what `make run` runs)")
     parser.add_argument("--no-distill", action="store_true", help="optimize the instruction as written")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--publish", action="store_true",
+                        help="publish each result to the configured registry as the nightly does (bench_load compares "
+                             "the published winner with the baseline at load)")
     args = parser.parse_args(argv)
     specs = args.specs or bundled_specs()
     settings = load_settings()
@@ -163,7 +171,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with load_engine(settings.engine) as engine:
         model = load_ttft_model(Registry(settings.registry), engine.identity)
         for name in specs:
-            rows.append(run_spec(engine, name, preset, model, Path(settings.state_dir), args.seed, not args.no_distill))
+            rows.append(run_spec(engine, name, preset, model, Path(settings.state_dir), args.seed, not args.no_distill,
+                                 Registry(settings.registry) if args.publish else None))
     result = {"budget": args.budget, "specs": rows, "total_minutes": round(sum(r["minutes"] for r in rows), 2)}
     write_report("optimize", result, markdown(rows, args.budget))
     return result

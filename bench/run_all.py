@@ -57,10 +57,17 @@ DEFAULT = [
     Benchmark("bench.bench_ttft_model", ("--budget-s", "240"), 6.0),
     # estimate: make run at ed0d6a4 (README): ticket_triage's optimize 2.1 min, distill ~1.3
     # (6.5 for 5 specs), start-up 0.7.
-    Benchmark("bench.bench_optimize", ("ticket_triage", "--budget", "quick"), 4.0),
-    # measured: 32.8 min for ticket_triage at 100/100/100 (docs/bench/peers.md, bce8314, in
-    # float32; the engine now runs bfloat16 where the CPU has it) + start-up.
-    Benchmark("bench.bench_peers", ("ticket_triage", "--train", "100", "--dev", "100", "--test", "100"), 34.0),
+    # estimate: make run at ed0d6a4 (README): optimize 2.1 (ticket_triage) and 2.6 (invoice_extraction)
+    # min, distill ~1.3 each, start-up 0.7. Published: bench_load compares them at load.
+    Benchmark("bench.bench_optimize", ("ticket_triage", "invoice_extraction", "--budget", "quick", "--publish"), 7.0),
+    # estimate: a short load profile (2 specs x 2 templates, 24 requests a cell, 2 rounds) and the
+    # two published winners against their baselines at 3 rates x 2 blocks x 40 requests, one server.
+    Benchmark("bench.bench_load", ("ticket_triage", "invoice_extraction", "--requests", "40", "--blocks", "2",
+                                   "--profile-requests", "24", "--profile-specs", "ticket_triage,invoice_extraction"),
+              9.0),
+    # measured: 21.7 min for ticket_triage at 100/100/100 in bfloat16 on the slower of two machines
+    # (docs/bench/make_bench.md, 45c4204; 13.4 at 57bf86d on a faster one) + start-up.
+    Benchmark("bench.bench_peers", ("ticket_triage", "--train", "100", "--dev", "100", "--test", "100"), 22.0),
 ]
 
 FULL = [
@@ -74,7 +81,10 @@ FULL = [
     Benchmark("bench.bench_ttft_model", ("--budget-s", "420"), 8.5),
     # estimate: make run at ed0d6a4 (README): the same 5 specs at the quick preset, 0.7 start,
     # 6.5 distill, 50 optimize (docs/bench/optimize.md's 15.9 min was at the older 0.08 margins).
-    Benchmark("bench.bench_optimize", ("--budget", "quick"), 57.0),
+    Benchmark("bench.bench_optimize", ("--budget", "quick", "--publish"), 57.0),
+    # estimate: the full load profile (5 specs x 2 templates, 40 requests a cell, 2 rounds) and
+    # every published winner at 3 rates x 3 blocks x 60 requests.
+    Benchmark("bench.bench_load", (), 45.0),
     # measured: 6.1 min in all, start-up included (docs/bench/reply_reminder.md, 7f05632;
     # summarize's prompts 41-51 s each, the rest 5-24 s).
     Benchmark("bench.bench_reply_reminder", ("--records", "100"), 6.5),
