@@ -216,3 +216,8 @@ def test_load_figures_compare_templates_and_find_their_sustainable_rates():
     assert fig.sustainable["winner"]["value"] > fig.sustainable["baseline"]["value"]
     text = markdown_tables(fig)
     assert "winner - baseline" in text and "Sustainable rate" in text
+
+
+def test_held_out_error_skips_a_prompt_the_others_cannot_fit_without():
+    cells = [c for c in synthetic_load_cells() if c["prompt_id"] in ("p0", "p1")]
+    assert load_error_table(cells) == []  # one prompt left cannot give a capacity: no figure, no crash
