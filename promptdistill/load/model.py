@@ -84,7 +84,7 @@ class LoadTTFTModel:
             raise ValueError("a load TTFT model needs concurrency cells (the capacity comes from them)")
         top = max(float(c["load_value"]) for c in conc)
         sat = [c for c in conc if float(c["load_value"]) == top and c.get("throughput_rps")]
-        if len(sat) < 2:
+        if len({c.get("prompt_id", i) for i, c in enumerate(sat)}) < 2:
             raise ValueError(f"a load TTFT model needs throughput at concurrency {top:g} for 2 or more prompts")
         a = np.asarray([[1.0, *(float(c[f]) for f in FEATURES)] for c in sat])
         b = np.asarray([1.0 / float(c["throughput_rps"]) for c in sat])
