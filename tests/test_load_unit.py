@@ -221,3 +221,14 @@ def test_load_figures_compare_templates_and_find_their_sustainable_rates():
 def test_held_out_error_skips_a_prompt_the_others_cannot_fit_without():
     cells = [c for c in synthetic_load_cells() if c["prompt_id"] in ("p0", "p1")]
     assert load_error_table(cells) == []  # one prompt left cannot give a capacity: no figure, no crash
+
+
+def test_a_rate_a_template_cannot_keep_up_with_is_marked_not_sustained():
+    rows = _rows("baseline", 200.0, 1.0) + _rows("winner", 100.0, 1.0)
+    for r in rows:  # the baseline's blocks took 3x as long as their arrivals: 0.6 req/s of 1.0 offered
+        if r["template"] == "baseline":
+            r["block_span_s"] = 50.0
+    fig = load_figures(rows, templates=["baseline", "winner"])
+    at = fig.at(Load(rate_rps=1.0))["templates"]
+    assert at["baseline"]["sustained"] is False and at["winner"]["sustained"] is True
+    assert "baseline (**not sustained**" in markdown_tables(fig)

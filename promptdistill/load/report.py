@@ -15,9 +15,12 @@ from typing import Any, Mapping, Sequence
 from promptdistill.load.stats import Estimate, percentile_ci, percentile_diff_ci, sustainable_rate
 from promptdistill.specs.model import Load
 
-__all__ = ["PERCENTILES", "LoadFigures", "load_figures", "markdown_tables"]
+__all__ = ["PERCENTILES", "SUSTAINED_SHARE", "LoadFigures", "load_figures", "markdown_tables"]
 
 PERCENTILES = (50.0, 95.0, 99.0)
+SUSTAINED_SHARE = 0.9
+"""At a rate, a template whose blocks complete less than this share of the offered requests
+per second is not sustaining it: its queue grows, and its percentiles grow with the run."""
 
 
 def _load_key(row: Mapping[str, Any]) -> tuple[str, float]:
@@ -95,6 +98,10 @@ def load_figures(rows: Sequence[Mapping[str, Any]], *, templates: Sequence[str],
                 "mean_prompt_tokens": sum(r["prompt_tokens"] for r in mine) / len(mine),
                 "mean_completion_tokens": sum(r["completion_tokens"] for r in mine) / len(mine),
             }
+            if key[0] == "rate":
+                # Open loop: a queue that grows through the run is a load the engine cannot sustain.
+                done = entry["templates"][label]["request_throughput_rps"]["value"] or 0.0
+                entry["templates"][label]["sustained"] = done >= SUSTAINED_SHARE * key[1]
         if len(templates) >= 2 and all(t in entry["templates"] for t in templates[:2]):
             first = _blocks([r for r in at if r["template"] == templates[0]], "ttft_ms")
             second = _blocks([r for r in at if r["template"] == templates[1]], "ttft_ms")
@@ -132,7 +139,8 @@ def markdown_tables(figures: LoadFigures) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for e in figures.per_load:
         for label, t in e["templates"].items():
-            lines.append(f"| {e['load']} | {label} | {_fmt(t['p50_ttft_ms'])} | {_fmt(t['p95_ttft_ms'])} | "
+            shown = label if t.get("sustained", True) else f"{label} (**not sustained**: the queue grows)"
+            lines.append(f"| {e['load']} | {shown} | {_fmt(t['p50_ttft_ms'])} | {_fmt(t['p95_ttft_ms'])} | "
                          f"{_fmt(t['p99_ttft_ms'])} | {_fmt(t['request_throughput_rps'], fmt='.2f')} | "
                          f"{_fmt(t['output_token_throughput'])} | {t['failed']} | {t['measured']} |")
         if "difference" in e:
