@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent / "promptdistill"
 
 # Each package may import itself and the packages listed (promptdistill.X -> allowed X's).
 # The order is the pipeline's: core -> specs, engine -> judges -> evaluate -> search ->
-# distill, ttft -> optimize -> pipeline -> flows, cli. The registry needs only core and
-# the one render function; the client only the registry.
+# distill, ttft, load -> optimize -> pipeline -> flows, cli (docs/architecture.md). The
+# registry needs only core and the one render function; the client only the registry.
 ALLOWED = {
     "core": set(),
     "specs": {"core"},

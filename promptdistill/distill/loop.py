@@ -97,10 +97,9 @@ class DistillConfig(SearchBudget, RaceKnobs):
 def _judge_is_clear(verdict: Any) -> bool:
     """A valid clause_necessity score at either end of the scale. Ablating such a clause on
     the screen records only adds candidates that overrule the judge on a few records' evidence;
-    a candidate that drops a needed clause fails its screen or race like any other. In the
-    2026-12-05 bench runs the ablations were 45% of the tokens format_rules sent to the engine
-    (39% of its search tokens computed): all ten clauses scored 1, and dropping any of them
-    changed no screen score."""
+    a candidate that drops a needed clause fails its screen or race like any other. Such
+    ablations were a large share of the search's tokens and changed no screen score
+    (docs/bench/peers.md)."""
     return verdict is not None and verdict.valid and verdict.value["score"] in (1, 5)
 
 

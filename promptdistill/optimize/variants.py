@@ -7,17 +7,15 @@ records stays unbiased), shortest first, so the search sweeps density and length
 real rewrites.
 
 A reply reminder (``with_reply_reminder``) repeats the reply's keys at the end of the user
-part, where a small model reads them last. Whether it helps depends on the task: on 100
-test records of SmolLM2-135M it moved invoice_extraction +0.040 [+0.006, +0.072] and
-word_problems -0.130 [-0.210, -0.060] (2026-12-04), so it is a candidate the race decides,
-never a default.
+part, where a small model reads them last. Whether it helps depends on the task (it helps
+some specs and costs others: docs/bench/reply_reminder.md), so it is a candidate the race
+decides, never a default.
 
 The described variant (``described_variant``) is the spec's one-line ``description`` as
 the whole instruction, without its rules: the part a DSPy signature's docstring plays. On
 a small model the rules can cost quality where constrained decoding already enforces the
-reply's format: on 100 test records of SmolLM2-135M, invoice_extraction's description alone
-scored 0.570 against 0.420 as written (+0.150 [+0.100, +0.196], 145 prompt tokens against
-782; README "Described variant"). Also a candidate the race decides.
+reply's format (docs/bench/peers_invoice_tokens.md, docs/bench/history.md). Also a
+candidate the race decides.
 """
 
 from __future__ import annotations

@@ -67,16 +67,15 @@ def ttft_expected_minutes(budget: TTFTBudget, specs: int) -> float:
 
 def seconds_per_lm_call(max_tokens: int | None) -> float:
     """The embedded model's pace per LM call on a 2-core CPU, batched, by the spec's reply
-    budget (``output.max_tokens``; None: 256): 0.03 s + 1.6 ms per token, the least-squares
-    line through the five bundled specs' optimize stages in ``make run`` at 0101013 (measured:
-    0.07 s a call at 40 tokens, 0.08 at 16, 0.24 at 128, 0.53 at 320). Only for the progress
-    display, never for a decision."""
+    budget (``output.max_tokens``; None: 256): the least-squares line through the five bundled
+    specs' optimize stages in one ``make run`` (the figures: docs/bench/make_run.md). Only for
+    the progress display, never for a decision."""
     return 0.03 + 0.0016 * (256 if max_tokens is None else max_tokens)
 
 
 SPENT_SHARE = {"distill": 0.5, "optimize": 0.3}
-"""The share of its LM-call budget a stage typically spends (races stop early): in ``make run``
-at 0101013 the distiller spent 103-188 of its 300 calls, the optimizer 848-1,480 of 4,000."""
+"""The share of its LM-call budget a stage typically spends (races stop early), for the
+progress display; what one ``make run`` spent: docs/bench/make_run.md."""
 
 
 def expected_minutes(stage: str, max_lm_calls: int, cap_minutes: float, max_tokens: int | None) -> float:

@@ -272,8 +272,8 @@ class ConfidenceSequenceTest:
         far, and the race stops when fewer than ``FUTILITY_CP`` of the continued races end
         with the bound certifying. Seeded by the records seen, so the same records give the
         same verdict. A stop only withholds a certification, so it never raises the error
-        rate. Without it, summarize's described variant (bounds [-0.077, -0.043] at the end)
-        raced all 984 certify records, 17 minutes of a make run, to end undecided.
+        rate. Without it, a candidate clearly below the margin raced the whole pool to end
+        undecided (docs/bench/make_run.md).
         """
         d = np.asarray(diffs, dtype=np.float64)
         n, pool = d.size, self.pool
