@@ -31,7 +31,7 @@ import pandas as pd
 
 from promptdistill.core.display import format_number as _n
 from promptdistill.core.errors import PromptDistillError, RegistryError
-from promptdistill.core.jsonio import json_records
+from promptdistill.core.jsonio import atomic_write, json_records
 from promptdistill.pipeline.report import (
     comparison_rows,
     done_line,
@@ -320,9 +320,7 @@ def write_night_report(registry: Registry, run_id: str, *, state_dir: str | Path
     url = registry.backend.url(key)
     if Path(url).is_file():
         return url
-    local = Path(state_dir) / "reports" / f"{run_id}.html"
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(page)
+    local = atomic_write(Path(state_dir) / "reports" / f"{run_id}.html", page)  # never a half-written page
     return str(local.resolve())
 
 
