@@ -48,8 +48,8 @@ from promptdistill.optimize.predict import LoadPricing, predict_candidate, prefi
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
 from promptdistill.optimize.variants import REMINDER_TAG, instruction_variants, with_reply_reminder
 from promptdistill.search.budget import Budget, SearchBudget
-from promptdistill.search.racing import (Candidate, RaceSettings, Selection, plan_from_screen, screen, screen_then_race,
-                                         select)
+from promptdistill.search.racing import (Candidate, QualityGoal, RaceSettings, Selection, plan_from_screen, screen,
+                                         screen_then_race, select)
 from promptdistill.search.references import fill_references
 from promptdistill.search.selection import KEPT
 from promptdistill.search.sequential import Plan
@@ -160,7 +160,13 @@ class OptimizeRun:
         self.load = load_pricing
         """The declared load's pricing: its percentile is then the cost (None: solo TTFT)."""
         self.resolution_rel = load_pricing.relative_error if load_pricing else ttft_model.relative_error
-        self.settings = RaceSettings.of(rule, margin=self.max_drop, discrete=spec.metric.discrete)
+        self.goal = (QualityGoal(spec.slo.min_quality_gain, latency_cap=spec.slo.ttft_ms)
+                     if spec.slo.objective == "quality" else None)
+        """The quality-first objective (``slo.objective: quality``): races certify superiority
+        by ``slo.min_quality_gain`` and selection takes the best certified gain; None: the
+        latency objective (faster, or as fast and no worse)."""
+        margin = self.goal.margin if self.goal is not None else self.max_drop
+        self.settings = RaceSettings.of(rule, margin=margin, discrete=spec.metric.discrete)
         splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
                                test_size=budget.test_size)
         self.splits, self.references = fill_references(self.meter, spec, splits, seed=seed)
@@ -397,7 +403,8 @@ class OptimizeRun:
         self.finalists, self.plan = screen_then_race(
             self.baseline, runnable, self.splits.screen, self.splits.certify, self.evaluate,
             budget=self.search_budget, settings=self.settings, resolution=self.resolution,
-            calls_per_record=self.per_record, eligible=lambda c: id(c) in eligible, every=self.budget.screen_every)
+            calls_per_record=self.per_record, eligible=lambda c: id(c) in eligible, every=self.budget.screen_every,
+            goal=self.goal)
         if self.plan is None:
             self.plan = self.make_plan()
 
@@ -461,7 +468,7 @@ class OptimizeRun:
             return Selection(self.baseline, self.baseline, KEPT, f"{self.kept_reason}; keeping the baseline",
                              self.latency)
         chosen = select(self.baseline, self.within_slo(self.finalists), resolution=self.resolution,
-                        latency=self.latency)
+                        latency=self.latency, goal=self.goal)
         if self.plan is not None and chosen.kept:
             chosen = dataclasses.replace(chosen, reason=f"{chosen.reason} ({self.plan.sentence()})")
         return chosen
