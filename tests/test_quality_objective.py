@@ -172,11 +172,40 @@ def test_the_chance_of_certifying_any_finalist_superior_when_each_gains_exactly_
 
 
 def test_the_test_split_holds_a_better_winner_to_its_certified_gain():
+    """On 40 test records (one look) the baseline is wrong on every fourth; a winner that
+    fixes 1 of them (+0.025) falls below its certified gain of 0.05 and is reverted, one
+    that fixes 4 (+0.1) stands. A faster winner with the same records would stand (allowed drop)."""
+    from promptdistill.engine.meter import CallMeter
+    from promptdistill.evaluate.evaluator import EvalItem
+    from promptdistill.search.held_out import check_on_test
+    from promptdistill.specs.datasets import dataset_for, records
+
+    test = records(dataset_for(SPEC), "dev")[:40]
+    short = SPEC.with_changes(instruction=BETTER_INSTRUCTION)
+    labels = {r["inputs"]["ticket"]: r["expected"]["label"] for r in test}
+    base_wrong = {r["inputs"]["ticket"] for r in test[::4]}
     base, win = cand("baseline", 100.0), cand("win", 100.0)
     chosen = Selection(win, base, BETTER, "better: win", "expected TTFT", 5.0, (0.06, 0.2), gain=0.05)
     assert allowed_test_drop(chosen, 0.2) == -0.05  # reverted below +0.05, whatever the allowed drop
     assert allowed_test_drop(dataclasses.replace(chosen, clause=FASTER, gain=None), 0.2) == 0.2
-    assert chosen.reverted("REVERTED on test").gain is None
+    for fixed, reverted in ((1, True), (4, False)):
+        win_right = set(sorted(base_wrong)[:fixed])
+
+        def reply(req):
+            ticket = req.chat()[-1]["content"].rsplit("Ticket: ", 1)[-1]
+            right = ticket not in base_wrong or (req.chat()[0]["content"].startswith(BETTER_INSTRUCTION)
+                                                 and ticket in win_right)
+            return json.dumps({"label": labels[ticket]}) if right else _wrong(labels[ticket])
+
+        items = lambda recs: [EvalItem(SPEC, recs), EvalItem(short, recs)]  # noqa: E731
+        check = check_on_test(chosen, items, test, engine=CallMeter(FakeEngine(reply=reply)), judge_runner=None,
+                              seed=0, max_drop=0.2)
+        assert check.diff_mean == pytest.approx(fixed / 40) and check.reverted == reverted
+        if reverted:
+            assert (check.selection.clause, check.selection.chosen_clause, check.selection.gain) == (KEPT, BETTER, None)
+            assert check.selection.reason == ("better: win; REVERTED on test: win scored +0.025 against the baseline on "
+                                              "40 records (a better winner must keep its certified gain of more than "
+                                              "0.05); keeping the baseline")
 
 
 # --- the spec keys --------------------------------------------------------------------------------

@@ -59,6 +59,14 @@ search this way; only their candidates, their evaluation and their cost differ.
 
    So a published candidate is never dearer *and* worse than the baseline it replaces.
 
+4. **The quality-first objective** (``slo.objective: quality``, :class:`QualityGoal`):
+   the race runs at the margin negated (``-min_gain``), the same test certifying
+   *superiority* by ``min_gain``; screening ranks finalists by screen gain among the
+   candidates whose cost is no higher than the baseline's beyond the resolution (or within
+   ``slo.ttft_ms``); :func:`select_better` publishes the highest certified gain by the
+   *better* clause, or keeps the baseline. A candidate certified only non-inferior is never
+   *better*.
+
 Example:
     >>> looks(300, first=50)
     [50, 100, 200, 300]
