@@ -2,8 +2,9 @@
 
 * **Fixed**: one set of train records in the static system part, the same for every
   request, so a prefix cache serves it. ``fixed_subsets`` proposes a few sets per count
-  (the spec's own rule, a label-balanced one, seeded random ones); the optimizer keeps
-  the one with the best dev score and records it in the spec as
+  (the spec's own rule, a label-balanced one, seeded random ones) and ``swapped_subset``
+  one example of a set swapped for another train record (the optimizer's greedy search);
+  the optimizer keeps the one with the best screen score and records it in the spec as
   ``examples: {selection: fixed, ids: [...]}`` (``fixed_spec``).
 * **Per request**: the train records most similar to each request's input (TF-IDF
   cosine, ``SimilarExamples``). They differ per request, so they go into the user part
@@ -25,7 +26,8 @@ from promptdistill.specs.model import Spec
 from promptdistill.specs.prompt import format_example, select_examples
 from promptdistill.specs.render import escape_braces, render_text
 
-__all__ = ["FEWSHOT_INPUT", "SimilarExamples", "fixed_spec", "fixed_subsets", "per_request_spec", "with_fewshot"]
+__all__ = ["FEWSHOT_INPUT", "SimilarExamples", "fixed_spec", "fixed_subsets", "per_request_spec", "swapped_subset",
+           "with_fewshot"]
 
 FEWSHOT_INPUT = "fewshot"
 """The input that carries per-request examples in the user part."""
@@ -71,6 +73,25 @@ def fixed_subsets(
             break
         add(f"random{s}", select_examples(randomised, train, count, seed + s))
     return out
+
+
+def swapped_subset(train: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]], *, seed: int,
+                   tried: set[tuple[str, ...]] = frozenset()) -> tuple[list[Mapping[str, Any]], str] | None:
+    """``current`` with one example swapped for a train record not in it, drawn with ``seed``:
+    the set (same order, the new record in the old one's place) and what was swapped
+    ('tt-0003 -> tt-0071'); None when every single swap gives a set in ``tried`` (sorted id
+    tuples) or the train split has no other record. Deterministic for a seed."""
+    import random
+
+    ids = {str(r["id"]) for r in current}
+    outside = [r for r in train if str(r["id"]) not in ids]
+    options = [(i, r) for i in range(len(current)) for r in outside]
+    random.Random(seed).shuffle(options)
+    for i, new in options:
+        swapped = [*current[:i], new, *current[i + 1:]]
+        if tuple(sorted(str(r["id"]) for r in swapped)) not in tried:
+            return swapped, f"{current[i]['id']} -> {new['id']}"
+    return None
 
 
 def per_request_spec(spec: Spec) -> Spec:

@@ -5,7 +5,8 @@ The run, in order (each step a method of ``OptimizeRun``, the state ``finish`` r
 1. split the dataset (:func:`promptdistill.search.splits.split_records`): train (example
    pool), screen, certify, test (verification only, never seen before step 7);
 2. the baseline (the spec as written) on the screen records;
-3. per fixed count, the example set with the best screen score among a few draws;
+3. per fixed count, the example set with the best screen score: the spec's rule, a
+   label-balanced set, then greedy one-example swaps of the best so far (``fixed_subsets`` in all);
 4. the grid (instruction variants x none/fixed/similar x counts, and each fixed or no-examples
    candidate with its reply's keys restated after the input: ``variants.py``); every candidate's TTFT
    predicted cold and warm with the fitted TTFT model; what cannot fit the context is dropped;
@@ -43,13 +44,14 @@ from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.judges.runner import JudgeRunner
 from promptdistill.optimize.blocks import restored_variants, static_tail
 from promptdistill.optimize.candidates import ExampleCandidate
-from promptdistill.optimize.examples import SimilarExamples, fixed_spec, fixed_subsets, per_request_spec, with_fewshot
+from promptdistill.optimize.examples import (SimilarExamples, fixed_spec, fixed_subsets, per_request_spec,
+                                             swapped_subset, with_fewshot)
 from promptdistill.optimize.predict import LoadPricing, predict_candidate, prefix_block_tokens
 from promptdistill.optimize.select import ASSUMED_WARM_SHARE, SelectionRule, expected_ttft, unmeasured_quality
 from promptdistill.optimize.variants import REMINDER_TAG, instruction_variants, with_reply_reminder
 from promptdistill.search.budget import Budget, SearchBudget
-from promptdistill.search.racing import (Candidate, RaceSettings, Selection, plan_from_screen, screen, screen_then_race,
-                                         select)
+from promptdistill.search.racing import (Candidate, QualityGoal, RaceSettings, Selection, plan_from_screen, screen,
+                                         screen_then_race, select)
 from promptdistill.search.references import fill_references
 from promptdistill.search.selection import KEPT
 from promptdistill.search.sequential import Plan
@@ -71,7 +73,8 @@ class OptimizeBudget(SearchBudget):
                                               at_least=0, at_most=8)
     similar_counts: tuple[int, ...] = setting((2, 4), "counts of per-request similar examples (TF-IDF neighbours)",
                                               at_least=0, at_most=8)
-    fixed_subsets: int = setting(2, "example sets tried per fixed count (the spec's own rule first)", at_least=0)
+    fixed_subsets: int = setting(2, "example sets screened per fixed count: the spec's own rule, a label-balanced "
+                                 "(or random) set, then greedy swaps (the best so far with one example swapped)", at_least=0)
     max_variants: int = setting(3, "instruction variants, the original included", at_least=1)
     described: bool = setting(True, "add the variant whose instruction is the spec's one-line description, without "
                               "its rules (where constrained decoding carries the format, rules can cost quality)")
@@ -160,7 +163,13 @@ class OptimizeRun:
         self.load = load_pricing
         """The declared load's pricing: its percentile is then the cost (None: solo TTFT)."""
         self.resolution_rel = load_pricing.relative_error if load_pricing else ttft_model.relative_error
-        self.settings = RaceSettings.of(rule, margin=self.max_drop, discrete=spec.metric.discrete)
+        self.goal = (QualityGoal(spec.slo.min_quality_gain, latency_cap=spec.slo.ttft_ms)
+                     if spec.slo.objective == "quality" else None)
+        """The quality-first objective (``slo.objective: quality``): races certify superiority
+        by ``slo.min_quality_gain`` and selection takes the best certified gain; None: the
+        latency objective (faster, or as fast and no worse)."""
+        margin = self.goal.margin if self.goal is not None else self.max_drop
+        self.settings = RaceSettings.of(rule, margin=margin, discrete=spec.metric.discrete)
         splits = split_records(spec, seed=seed, screen_size=budget.screen_size, dev_size=budget.dev_size,
                                test_size=budget.test_size)
         self.splits, self.references = fill_references(self.meter, spec, splits, seed=seed)
@@ -290,32 +299,62 @@ class OptimizeRun:
 
     @phase("example sets")
     def choose_fixed_sets(self) -> dict[int, ExampleCandidate]:
-        """Per fixed count, the example set with the best screen score (original instruction)."""
+        """Per fixed count, the example set with the best screen score (original instruction).
+
+        ``fixed_subsets`` sets are screened per count: the first two of ``examples.fixed_subsets``
+        (the spec's own rule, then a label-balanced set, or a seeded random one when the rule
+        is the balanced one), then a greedy search: each further set is the best so far with one example
+        swapped for another train record (seeded, ``examples.swapped_subset``), kept when
+        it screens higher. The chosen set is static, so it stays in the cached prefix; the
+        candidates table's ``subset`` says which it is ('swap2' for the second swap)."""
         chosen: dict[int, ExampleCandidate] = {}
         if self.kept_reason:
             return chosen
         base_key = (build_system(self.baseline.spec, self.baseline.examples), self.baseline.spec.user)
+        n_sets = max(1, self.budget.fixed_subsets)
+
+        def trial(k: int, name: str, recs: Sequence[Record]) -> ExampleCandidate:
+            return ExampleCandidate(id=f"original/fixed{k}", spec=fixed_spec(self.spec, recs), examples=list(recs),
+                                    variant="original", strategy="fixed", k=k, subset=name)
+
+        def screened(trials: list[ExampleCandidate]) -> bool:
+            """Screen ``trials`` (a set rendering the baseline's prompt reuses its replies); False: the budget refused."""
+            fresh = [t for t in trials if (build_system(t.spec, t.examples), t.spec.user) != base_key]
+            n = len(self.splits.screen)
+            if self.search_budget.affordable(len(fresh), n * self.per_record, "example sets") < len(fresh):
+                return False
+            for t in trials:
+                if t not in fresh:
+                    t.screen = self.baseline.screen
+            for t, report in zip(fresh, self.evaluate(fresh, self.splits.screen)):
+                t.add("screen", report)
+            return True
+
         for k in sorted({k for k in self.budget.fewshot_counts if k > 0}):
-            subsets = fixed_subsets(self.spec, self.splits.train, k, n_subsets=max(1, self.budget.fixed_subsets),
-                                    seed=self.seed)
-            trials = [ExampleCandidate(id=f"original/fixed{k}", spec=fixed_spec(self.spec, recs), examples=list(recs),
-                                       variant="original", strategy="fixed", k=k, subset=name)
-                      for name, recs in subsets]
+            subsets = fixed_subsets(self.spec, self.splits.train, k, n_subsets=min(2, n_sets), seed=self.seed)
+            trials = [trial(k, name, recs) for name, recs in subsets]
             if not trials:
                 self.notes.append(f"fixed{k}: the train split has fewer than {k} records")
                 continue
-            if len(trials) > 1:
-                n = len(self.splits.screen)
-                fresh = [t for t in trials if (build_system(t.spec, t.examples), t.spec.user) != base_key]
-                if self.search_budget.affordable(len(fresh), n * self.per_record, "example sets") < len(fresh):
+            if n_sets > 1:
+                if not screened(trials):
                     trials = trials[:1]
                     self.notes.append(f"fixed{k}: budget allowed no choice between example sets; took the spec's rule")
                 else:
-                    for t in trials:
-                        if t not in fresh:
-                            t.screen = self.baseline.screen  # renders the baseline's prompt: reuse its replies
-                    for t, report in zip(fresh, self.evaluate(fresh, self.splits.screen)):
-                        t.add("screen", report)
+                    tried = {tuple(sorted(str(r["id"]) for r in t.examples)) for t in trials}
+                    for i in range(n_sets - len(trials)):
+                        best = max(trials, key=lambda t: t.mean or 0.0)  # the first of equals: the spec's rule
+                        swap = swapped_subset(self.splits.train, best.examples, seed=self.seed + 7919 * k + i,
+                                              tried=tried)
+                        if swap is None:
+                            break
+                        t = trial(k, f"swap{i + 1}", swap[0])
+                        tried.add(tuple(sorted(str(r["id"]) for r in t.examples)))
+                        if not screened([t]):
+                            self.notes.append(f"fixed{k}: budget stopped the example-set search after {i} swap(s)")
+                            break
+                        t.notes.append(f"example set searched: {best.subset} with {swap[1]}")
+                        trials.append(t)
                     trials.sort(key=lambda t: -(t.mean or 0.0))  # stable: ties keep the spec's own rule
                     trials[0].notes.append("example set chosen by screen score among " + ", ".join(
                         f"{t.subset}={t.mean:.3f}" for t in trials if t.mean is not None))
@@ -397,7 +436,8 @@ class OptimizeRun:
         self.finalists, self.plan = screen_then_race(
             self.baseline, runnable, self.splits.screen, self.splits.certify, self.evaluate,
             budget=self.search_budget, settings=self.settings, resolution=self.resolution,
-            calls_per_record=self.per_record, eligible=lambda c: id(c) in eligible, every=self.budget.screen_every)
+            calls_per_record=self.per_record, eligible=lambda c: id(c) in eligible, every=self.budget.screen_every,
+            goal=self.goal)
         if self.plan is None:
             self.plan = self.make_plan()
 
@@ -461,7 +501,7 @@ class OptimizeRun:
             return Selection(self.baseline, self.baseline, KEPT, f"{self.kept_reason}; keeping the baseline",
                              self.latency)
         chosen = select(self.baseline, self.within_slo(self.finalists), resolution=self.resolution,
-                        latency=self.latency)
+                        latency=self.latency, goal=self.goal)
         if self.plan is not None and chosen.kept:
             chosen = dataclasses.replace(chosen, reason=f"{chosen.reason} ({self.plan.sentence()})")
         return chosen

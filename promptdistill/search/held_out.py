@@ -6,7 +6,9 @@ call :func:`check_on_test`. It scores the baseline and the winner on the test sp
 clears the winner) and reverts the winner to the baseline when the paired mean difference
 falls below what its clause allows: the allowed drop (``slo.max_quality_drop``) for a
 *faster* winner, nothing for a *tie* (chosen for being at least as good, it must stay so
-on held-out records, or it would ship no faster and worse). The reverted
+on held-out records, or it would ship no faster and worse), and for a *better* winner (the
+quality-first objective) the gain it was certified to exceed: it is held to its claim, so
+a held-out mean gain below ``slo.min_quality_gain`` reverts it. The reverted
 :class:`~promptdistill.search.racing.Selection` keeps the clause that chose the winner
 (``chosen_clause``) and says why in its reason (``REVERTED on test``).
 
@@ -24,7 +26,7 @@ from promptdistill.engine.base import Engine
 from promptdistill.evaluate.evaluator import EvalItem, EvalReport, evaluate_many
 from promptdistill.search.group_sequential import score_interval
 from promptdistill.search.racing import Selection
-from promptdistill.search.selection import TIE
+from promptdistill.search.selection import BETTER, TIE
 
 __all__ = ["MIN_LOOK", "TEST_CONFIDENCE", "TestCheck", "allowed_test_drop", "check_on_test", "difference_interval",
            "score_test"]
@@ -115,7 +117,10 @@ class TestCheck:
 
 def allowed_test_drop(selection: Selection, max_drop: float) -> float:
     """How far below the baseline a winner may score on the test split: a tie, chosen for
-    being at least as good, not at all; a faster winner, the allowed drop."""
+    being at least as good, not at all; a faster winner, the allowed drop; a better winner
+    must stay above the baseline by its certified gain (a negative drop)."""
+    if selection.clause == BETTER:
+        return -float(selection.gain or 0.0)
     return 0.0 if selection.clause == TIE else max_drop
 
 
@@ -139,7 +144,8 @@ def check_on_test(selection: Selection, items: Callable[[Sequence[Any]], list[Ev
     checked = selection
     if revertible and diff is not None and diff < -allowed - 1e-12:
         why = (f"a tie on {selection.latency} must be at least as good as the baseline" if selection.clause == TIE
-               else f"allowed drop {max_drop:g}")
+               else f"a better winner must keep its certified gain of more than {-allowed:g}"
+               if selection.clause == BETTER else f"allowed drop {max_drop:g}")
         checked = selection.reverted(f"REVERTED on test: {selection.winner.id} scored {diff:+.3f} against the "
                                      f"baseline on {base.n} records ({why}); keeping the baseline")
     return TestCheck(checked, base, win, confidence, stop, diff, allowed)

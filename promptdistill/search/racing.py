@@ -59,6 +59,14 @@ search this way; only their candidates, their evaluation and their cost differ.
 
    So a published candidate is never dearer *and* worse than the baseline it replaces.
 
+4. **The quality-first objective** (``slo.objective: quality``, :class:`QualityGoal`):
+   the race runs at the margin negated (``-min_gain``), the same test certifying
+   *superiority* by ``min_gain``; screening ranks finalists by screen gain among the
+   candidates whose cost is no higher than the baseline's beyond the resolution (or within
+   ``slo.ttft_ms``); :func:`select_better` publishes the highest certified gain by the
+   *better* clause, or keeps the baseline. A candidate certified only non-inferior is never
+   *better*.
+
 Example:
     >>> looks(300, first=50)
     [50, 100, 200, 300]
@@ -79,7 +87,7 @@ from promptdistill.core.stats import paired_diffs
 from promptdistill.engine.meter import phase
 from promptdistill.evaluate.evaluator import EvalReport
 from promptdistill.search.budget import Budget
-from promptdistill.search.selection import FASTER, KEPT, TIE, SelectionRecord
+from promptdistill.search.selection import BETTER, FASTER, KEPT, TIE, SelectionRecord
 from promptdistill.search.sequential import (
     PLAN_CONFIDENCE,
     Plan,
@@ -95,9 +103,11 @@ __all__ = [
     "Candidate",
     "Decision",
     "NON_INFERIOR",
+    "QualityGoal",
     "RaceKnobs",
     "RaceSettings",
     "Selection",
+    "BETTER",
     "FASTER",
     "KEPT",
     "TIE",
@@ -115,6 +125,7 @@ __all__ = [
     "screen_pass_chance",
     "screen_then_race",
     "select",
+    "select_better",
 ]
 
 Record = Mapping[str, Any]
@@ -125,6 +136,10 @@ Resolution = Callable[["Candidate", "Candidate"], float]
 
 NON_INFERIOR = "non-inferior"
 INFERIOR = "inferior"
+SUPERIOR = "superior"
+NOT_SUPERIOR = "not superior"
+"""The verdicts of a race at a negative margin: superiority by ``-margin`` (the quality-first
+objective), the same test with its null moved above 0."""
 UNDECIDED = "undecided"
 NOT_RACED = "not raced"
 STOPPED = "stopped"
@@ -170,7 +185,9 @@ class RaceSettings(RaceKnobs):
     """A race as it runs on one spec: the knobs (:class:`RaceKnobs`), the margin and the kind of score."""
 
     margin: float
-    """Largest allowed drop of the mean score (the spec's ``slo.max_quality_drop``)."""
+    """Largest allowed drop of the mean score (the spec's ``slo.max_quality_drop``). Negative:
+    the race certifies superiority by ``-margin`` instead (``slo.min_quality_gain``, the
+    quality-first objective): the same test of ``H0: mean(d) <= -margin``."""
     discrete: bool = True
     """Scores on a small grid (0/1, shares of a few checks): the group-sequential test;
     False (judge, python metrics): the confidence sequence (also on discrete pools under
@@ -178,8 +195,8 @@ class RaceSettings(RaceKnobs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.margin <= 1.0:
-            raise ValueError(f"margin must be in [0, 1], got {self.margin}.")
+        if not -1.0 <= self.margin <= 1.0:
+            raise ValueError(f"margin must be in [-1, 1], got {self.margin}.")
 
     @classmethod
     def of(cls, knobs: RaceKnobs, *, margin: float, discrete: bool) -> "RaceSettings":
@@ -188,11 +205,57 @@ class RaceSettings(RaceKnobs):
 
 
 @dataclass(frozen=True)
+class QualityGoal:
+    """The quality-first objective (``slo.objective: quality``): what may replace the baseline.
+
+    A candidate wins only when its race, run at margin ``-min_gain``, certified it superior
+    (a gain of ``min_gain`` or less ruled out), and its cost is no higher than the
+    baseline's beyond the resolution, or at most ``latency_cap``. Among such candidates,
+    the one with the highest certified gain (the lower bound) wins (:func:`select`).
+    Screening ranks the finalists by their screen gain, not their cost.
+    """
+
+    min_gain: float
+    """The gain in mean score a winner is certified to exceed (``slo.min_quality_gain``)."""
+    latency_cap: float | None = None
+    """``slo.ttft_ms``: a candidate dearer than the baseline beyond the resolution may still
+    win when its cost is within it (None: no cap, so only the resolution)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.min_gain <= 1.0:
+            raise ValueError(f"min_gain must be in (0, 1], got {self.min_gain}.")
+
+    @property
+    def margin(self) -> float:
+        """The race's margin: superiority by ``min_gain`` is non-inferiority at ``-min_gain``."""
+        return -self.min_gain
+
+    def affordable(self, cand: "Candidate", baseline: "Candidate", resolution: "Resolution") -> bool:
+        """Is ``cand``'s cost allowed: no higher than the baseline's beyond the resolution, or within the cap?"""
+        if not np.isfinite(cand.cost):
+            return False
+        return (cand.cost - baseline.cost <= resolution(cand, baseline)
+                or self.latency_cap is not None and cand.cost <= self.latency_cap)
+
+    def latency_words(self, cand: "Candidate", baseline: "Candidate", resolution: "Resolution", latency: str) -> str:
+        """Why ``cand``'s cost is allowed or not, in numbers, naming the latency."""
+        shown = f"{latency} {cand.cost:.1f} vs baseline {baseline.cost:.1f}"
+        tol = resolution(cand, baseline)
+        if cand.cost - baseline.cost <= tol:
+            return f"{shown}, no higher beyond the resolution ({tol:.1f})"
+        if self.latency_cap is None:
+            return f"{shown}, higher beyond the resolution ({tol:.1f}) and no slo.ttft_ms allows it"
+        within = "but within" if self.affordable(cand, baseline, resolution) else "and above"
+        return f"{shown}, higher beyond the resolution ({tol:.1f}) {within} slo.ttft_ms ({self.latency_cap:g})"
+
+
+@dataclass(frozen=True)
 class Decision:
     """What the race concluded about one candidate, with the numbers behind it."""
 
     verdict: str
-    """'non-inferior' (certified), 'inferior' (certified), 'undecided', 'stopped' or 'not raced'."""
+    """'non-inferior' (certified), 'inferior' (certified), 'undecided', 'stopped' or 'not raced';
+    at a negative margin 'superior' (certified) and 'not superior' in place of the first two."""
     n: int = 0
     """Paired certify records it was evaluated on."""
     diff_mean: float | None = None
@@ -206,7 +269,7 @@ class Decision:
 
     @property
     def certified(self) -> bool:
-        return self.verdict == NON_INFERIOR
+        return self.verdict in (NON_INFERIOR, SUPERIOR)
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "n": self.n, "diff_mean": self.diff_mean, "lower": self.lower,
@@ -260,7 +323,7 @@ class Selection:
     """The candidate to publish: the baseline when ``clause`` is KEPT."""
     baseline: Candidate
     clause: str
-    """FASTER, TIE or KEPT (:mod:`promptdistill.search.selection`)."""
+    """FASTER, TIE, BETTER or KEPT (:mod:`promptdistill.search.selection`)."""
     reason: str
     """The decision in words and numbers, starting with the clause."""
     latency: str = "cost"
@@ -273,6 +336,8 @@ class Selection:
     """The candidate the rule chose and the test split reverted (``clause`` is then KEPT)."""
     chosen_clause: str | None = None
     """The clause that chose ``reverted_from``."""
+    gain: float | None = None
+    """BETTER: the quality gain over the baseline the winner was certified to exceed (None otherwise)."""
 
     @property
     def kept(self) -> bool:
@@ -282,13 +347,13 @@ class Selection:
     def reverted(self, why: str) -> "Selection":
         """The baseline instead of this winner, ``why`` appended to the reason."""
         return replace(self, winner=self.baseline, clause=KEPT, reason=f"{self.reason}; {why}", resolution=None,
-                       bounds=None, reverted_from=self.winner, chosen_clause=self.clause)
+                       bounds=None, reverted_from=self.winner, chosen_clause=self.clause, gain=None)
 
     def record(self) -> SelectionRecord:
         """The decision as a result stores it (ids instead of candidates)."""
         return SelectionRecord(winner=self.winner.id, baseline=self.baseline.id, clause=self.clause,
                                reason=self.reason, latency=self.latency, resolution=self.resolution,
-                               bounds=self.bounds, chosen_clause=self.chosen_clause,
+                               bounds=self.bounds, chosen_clause=self.chosen_clause, gain=self.gain,
                                reverted_from=self.reverted_from.id if self.reverted_from is not None else None)
 
 
@@ -322,7 +387,7 @@ def _evaluate(cands: list[Candidate], records: Sequence[Record], part: str, eval
 def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
            budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
            keep: int | None = None, eligible: Callable[[Candidate], bool] | None = None,
-           every: bool = True) -> list[Candidate]:
+           every: bool = True, goal: QualityGoal | None = None) -> list[Candidate]:
     """Evaluate on the screen records and return the finalists, best first (see the module docstring).
 
     Candidates already screened (a report covering every screen record) are not evaluated
@@ -338,6 +403,11 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
     those of ``every=True`` (for a candidate's replies that do not depend on the batch it
     is in: deterministic, or from the LM cache); the candidates left out have no screen
     quality (the trade-off table shows fewer points).
+
+    ``goal`` (the quality-first objective): a finalist is a candidate whose cost ``goal``
+    allows and whose screen's 80% upper bound reaches the required gain; finalists come
+    by screen gain, highest first, and every candidate is screened (a gain cannot be
+    bounded by a cost, so ``every`` is ignored).
     """
     limit = settings.finalists if keep is None else keep
     can_final = eligible or (lambda c: True)
@@ -364,11 +434,11 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
     def still_open() -> list[Candidate]:
         """Not screened, and could be a finalist (all of them while the baseline is unscreened)."""
         contenders = [c for c in candidates if c.screen is not None and c.screen.n >= n and can_final(c)
-                      and _screen_tier(c, baseline, settings.margin, resolution) == 0]
+                      and _screen_tier(c, baseline, settings.margin, resolution, goal) == 0]
         return [c for c in pending() if c not in cut and can_final(c) and (
             baseline.screen is None or _could_be_finalist(c, baseline, contenders, limit, resolution))]
 
-    if every or not n:
+    if every or not n or goal is not None:
         batch(pending())
     else:
         while True:
@@ -392,16 +462,17 @@ def screen(baseline: Candidate, candidates: Sequence[Candidate], records: Sequen
     if baseline.screen is None:
         return []
     screened = [c for c in candidates if c.screen is not None and c.screen.n >= n]
-    tiers = {id(c): _screen_tier(c, baseline, settings.margin, resolution) for c in screened}
+    tiers = {id(c): _screen_tier(c, baseline, settings.margin, resolution, goal) for c in screened}
     # Screen quality only: a finalist raced before must not move on its certify scores, or the
     # next finalist's identity would depend on the certify records (docs/decisions.md).
-    finalists = preference_order([c for c in screened if tiers[id(c)] == 0 and can_final(c)], resolution, baseline,
-                                 parts=SCREEN_ONLY)
+    open_ = [c for c in screened if tiers[id(c)] == 0 and can_final(c)]
+    finalists = (preference_order(open_, resolution, baseline, parts=SCREEN_ONLY) if goal is None
+                 else sorted(open_, key=lambda c: (-round(_screen_diff(c, baseline), 9), c.cost, c.static_tokens, c.id)))
     ranked = finalists + sorted((c for c in screened if c not in finalists),
                                 key=lambda c: (tiers[id(c)], -_screen_diff(c, baseline), c.id))
     for cand in ranked:
         if cand not in finalists and can_final(cand):
-            cand.notes.append(_screen_note(cand, baseline, settings.margin, resolution))
+            cand.notes.append(_screen_note(cand, baseline, settings.margin, resolution, goal))
     for cand in finalists[limit:]:
         cand.notes.append(f"screening: not among the {limit} finalists")
     return finalists[:limit]
@@ -461,13 +532,19 @@ def screen_pass_chance(n: int, *, discordance: float, margin: float) -> float:
     return float(np.sum(p[ok][passed]))
 
 
-def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> int:
+def _screen_tier(cand: Candidate, base: Candidate, margin: float, resolution: Resolution,
+                 goal: QualityGoal | None = None) -> int:
     """0: plausible and able to beat the baseline; 1: could beat it but looks worse; 2: cannot beat it.
 
     A candidate within the resolution of the baseline's cost wins only at the baseline's
     quality or better (the *tie* clause), so it is raced only when its screen records do not
     already show it below the baseline: a race it can win only by noise is not an open
-    decision worth its records."""
+    decision worth its records. With ``goal`` (``margin`` is then ``-goal.min_gain``): 2 when
+    its cost is not allowed, 1 when its screen's 80% upper bound is below the required gain."""
+    if goal is not None:
+        if not goal.affordable(cand, base, resolution):
+            return 2
+        return 1 if screen_upper(cand, base) < -margin - 1e-12 else 0
     if not can_beat(cand, base, resolution, best_is_baseline=True):
         return 2
     if screen_upper(cand, base) < -margin - 1e-12 or (not _faster(cand, base, resolution) and _screen_diff(cand, base) < 0):
@@ -480,7 +557,14 @@ def _faster(cand: Candidate, base: Candidate, resolution: Resolution) -> bool:
     return base.cost - cand.cost > resolution(cand, base)
 
 
-def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Resolution) -> str:
+def _screen_note(cand: Candidate, base: Candidate, margin: float, resolution: Resolution,
+                 goal: QualityGoal | None = None) -> str:
+    if goal is not None:
+        if not goal.affordable(cand, base, resolution):
+            return f"screening: cannot win on quality at its cost ({goal.latency_words(cand, base, resolution, 'cost')})"
+        return (f"screening: mean difference {format_number(paired_mean(cand.screen, base.screen), '+.3f')} on "
+                f"{cand.screen.n} records, 80% upper bound {screen_upper(cand, base):+.3f}, is below the required "
+                f"gain +{goal.min_gain:g}")
     if not can_beat(cand, base, resolution, best_is_baseline=True):
         return (f"screening: cannot beat the baseline (cost {cand.cost:.1f} vs {base.cost:.1f}, "
                 f"resolution {resolution(cand, base):.1f})")
@@ -521,11 +605,17 @@ def admitted_finalists(pool: int, *, discordance: float, settings: RaceSettings,
     scored, so each finalist's share of alpha is fixed too. A spec whose pool has room
     spends it on fallbacks (a second finalist when the first fails); one near the edge
     keeps alpha for one.
+
+    At a negative margin (superiority by ``s = -margin``) the same rule is read for a gain:
+    the first keeps 80% power for a candidate that truly gains ``2 s``, its distance ``s``
+    from the null at least the margin the pool certifies at a tie (the test moves with its
+    null, up to the null variance).
     """
+    target = (1.0 - FALLBACK_SLACK) * settings.margin if settings.margin >= 0 else -settings.margin
     for k in range(settings.finalists, 0, -1):
         plan = plan_records(pool, discordance=discordance, margin=settings.margin, alpha=settings.alpha / k,
                             discrete=settings.discrete, first_look=settings.first_look, basis=basis)
-        if k == 1 or plan.certifiable_margin <= (1.0 - FALLBACK_SLACK) * settings.margin:
+        if k == 1 or plan.certifiable_margin <= target:
             return k, plan
     raise AssertionError("unreachable: k == 1 always returns")
 
@@ -534,7 +624,7 @@ def admitted_finalists(pool: int, *, discordance: float, settings: RaceSettings,
 def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[Record], evaluate: Evaluate, *,
          budget: Budget, settings: RaceSettings, resolution: Resolution, calls_per_record: int = 1,
          log: Callable[[str], None] = lambda message: None, alpha_each: float | None = None,
-         horizon: int | None = None) -> None:
+         horizon: int | None = None, goal: QualityGoal | None = None) -> None:
     """Race ``finalists`` against ``baseline`` on ``records`` in turn; sets each one's ``decision``.
 
     One at a time, in the order given (selection's preference): the next only when selection
@@ -548,6 +638,8 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
     budget (LM calls, then the wall-clock cap) covers it. A race the budget cuts short
     says so, with the records it reached. ``horizon``: the records the confidence sequence's
     bets are tuned for (:attr:`Plan.horizon`, fixed before any certify record; None: the pool).
+    ``goal``: the quality-first objective, whose selection decides when the race is over
+    (``settings.margin`` is then ``-goal.min_gain``).
     """
     alpha = settings.alpha / max(1, len(finalists)) if alpha_each is None else alpha_each
     test = make_test(discrete=settings.discrete, pool=len(records), alpha=alpha, first_look=settings.first_look,
@@ -565,14 +657,14 @@ def race(baseline: Candidate, finalists: Sequence[Candidate], records: Sequence[
         _race_one(baseline, cand, records, evaluate, budget=budget, settings=settings, test=test, alpha=alpha,
                   calls_per_record=calls_per_record, log=log)
         raced.append(cand)
-        ended = _race_over(baseline, raced, budget, refusals, resolution)
+        ended = _race_over(baseline, raced, budget, refusals, resolution, goal)
 
 
 def _race_over(baseline: Candidate, raced: Sequence[Candidate], budget: Budget, refusals: int,
-               resolution: Resolution) -> str | None:
+               resolution: Resolution, goal: QualityGoal | None = None) -> str | None:
     """Why no later finalist is raced after ``raced[-1]``, or None: selection would take a
     certified finalist, or the budget refused a step since ``refusals`` was read."""
-    if raced[-1].decision.certified and not select(baseline, raced, resolution=resolution).kept:
+    if raced[-1].decision.certified and not select(baseline, raced, resolution=resolution, goal=goal).kept:
         return f"{raced[-1].id}, raced before it, was certified and would be selected"
     if budget.refusals > refusals:
         return budget.reason or "budget"
@@ -615,6 +707,17 @@ def _decide(cand: Candidate, baseline: Candidate, margin: float, alpha: float, t
     verdict, lo, hi = test.decide(diffs, margin)
     mean = float(np.mean(diffs))
     bounds = f"[{lo:+.3f}, {hi:+.3f}] after {n} records ({test.name}, alpha {alpha:.3g})"
+    if margin < 0 and verdict in (NON_INFERIOR, INFERIOR, "futile"):
+        # Superiority by -margin: the same test of H0: mean(d) <= -margin, its null above 0.
+        gain = -margin
+        if verdict == NON_INFERIOR:
+            return Decision(SUPERIOR, n, mean, lo, hi, alpha, f"certified superior: bounds {bounds}, "
+                            f"a gain of {gain:g} or less ruled out")
+        if verdict == INFERIOR:
+            return Decision(NOT_SUPERIOR, n, mean, lo, hi, alpha, f"certified not superior: bounds {bounds}, "
+                            f"a gain of {gain:g} or more ruled out")
+        return Decision(STOPPED, n, mean, lo, hi, alpha, f"stopped for futility: a gain of more than {gain:g} "
+                        f"cannot be shown by the last look if the trend so far continues; bounds {bounds}")
     if verdict == NON_INFERIOR:
         return Decision(NON_INFERIOR, n, mean, lo, hi, alpha, f"certified non-inferior: bounds {bounds}, "
                         f"a drop of {margin:g} or more ruled out")
@@ -634,7 +737,8 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
                      certify_records: Sequence[Record], evaluate: Evaluate, *, budget: Budget, settings: RaceSettings,
                      resolution: Resolution, calls_per_record: int = 1,
                      eligible: Callable[[Candidate], bool] | None = None, every: bool = True,
-                     log: Callable[[str], None] = lambda message: None) -> tuple[list[Candidate], Plan | None]:
+                     log: Callable[[str], None] = lambda message: None,
+                     goal: QualityGoal | None = None) -> tuple[list[Candidate], Plan | None]:
     """Screen for the first finalist, plan, and race finalists in turn; returns those raced and the plan.
 
     :func:`plan_finalists` fixes from the first finalist's screen how many may be raced
@@ -645,12 +749,16 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
     no more than it would for one. Which candidate is the i-th finalist depends on the
     screen records only (screening ranks by screen quality; a screen or race the budget
     cut short ends the race), so the family-wise error rate is at most ``k * alpha / k =
-    alpha`` (docs/decisions.md).
+    alpha`` (docs/decisions.md). ``goal``: the quality-first objective (``settings.margin``
+    is then ``-goal.min_gain``): finalists by screen gain, selection by :class:`QualityGoal`.
     """
+    if goal is not None and settings.margin != goal.margin:
+        raise ValueError(f"a quality goal of {goal.min_gain:g} races at margin {goal.margin:g}, not {settings.margin:g}")
+
     def finalists(keep: int) -> list[Candidate]:
         return screen(baseline, candidates, screen_records, evaluate, budget=budget, settings=settings,
                       resolution=resolution, calls_per_record=calls_per_record, keep=keep, eligible=eligible,
-                      every=every)
+                      every=every, goal=goal)
 
     found = finalists(1)
     if not found:
@@ -669,8 +777,9 @@ def screen_then_race(baseline: Candidate, candidates: Sequence[Candidate], scree
             break
         raced.append(nxt)
         race(baseline, [nxt], certify_records, evaluate, budget=budget, settings=settings, resolution=resolution,
-             calls_per_record=calls_per_record, log=log, alpha_each=settings.alpha / k, horizon=plan.horizon)
-        if _race_over(baseline, raced, budget, refusals, resolution):
+             calls_per_record=calls_per_record, log=log, alpha_each=settings.alpha / k, horizon=plan.horizon,
+             goal=goal)
+        if _race_over(baseline, raced, budget, refusals, resolution, goal):
             break
     return raced, plan
 
@@ -760,11 +869,15 @@ def preference_order(cands: Sequence[Candidate], resolution: Resolution,
 
 
 def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: Resolution,
-           latency: str = "cost") -> Selection:
+           latency: str = "cost", goal: QualityGoal | None = None) -> Selection:
     """The winner among the certified candidates and the baseline, and why: the clause of
     the rule that decided (see the module docstring), in numbers. ``latency``: what the
     candidates' cost measures ("expected TTFT", "P95 TTFT at 4 req/s"), named in the
-    reason beside the figures and recorded with the decision."""
+    reason beside the figures and recorded with the decision. ``goal``: the quality-first
+    objective's rule instead (:func:`select_better`)."""
+    if goal is not None:
+        return select_better(baseline, candidates, resolution=resolution, goal=goal, latency=latency)
+
     def chosen(best: Candidate, clause: str, reason: str) -> Selection:
         return Selection(best, baseline, clause, reason, latency, resolution(best, baseline),
                          (best.decision.lower, best.decision.upper))
@@ -798,6 +911,41 @@ def select(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: 
     return kept(f"{KEPT}: {len(certified)} candidate(s) certified non-inferior ({shown}) but none is faster "
                 f"than the baseline ({baseline.cost:.1f}) beyond the resolution, nor within it at the "
                 "baseline's quality or better; keeping the baseline")
+
+
+def select_better(baseline: Candidate, candidates: Sequence[Candidate], *, resolution: Resolution,
+                  goal: QualityGoal, latency: str = "cost") -> Selection:
+    """The quality-first objective's rule (``slo.objective: quality``), one clause and *kept*:
+
+    * *better*: among the candidates certified superior by ``goal.min_gain`` (a race at
+      margin ``-min_gain`` whose lower bound reaches the gain: a candidate certified only
+      non-inferior is never one) whose cost ``goal`` allows (no higher than the baseline's
+      beyond the resolution, or within ``slo.ttft_ms``), the highest certified gain (lower
+      bound), then the lower cost, fewer static tokens, the id;
+    * *kept*: otherwise the baseline stays.
+
+    The reason names the clause, the bounds, the gain and the latency."""
+    superior = [c for c in candidates if c.decision.verdict == SUPERIOR and c.decision.lower is not None
+                and c.decision.lower >= goal.min_gain - 1e-6]
+    allowed = [c for c in superior if goal.affordable(c, baseline, resolution)]
+    if allowed:
+        best = min(allowed, key=lambda c: (-round(c.decision.lower, 9), c.cost, c.static_tokens, c.id))
+        d = best.decision
+        return Selection(best, baseline, BETTER,
+                         f"{BETTER}: {best.id}: {d.reason}; its gain over the baseline is certified above "
+                         f"{goal.min_gain:g} (lower bound {d.lower:+.3f}, mean {d.diff_mean:+.3f} on {d.n} certify "
+                         f"records); {goal.latency_words(best, baseline, resolution, latency)}",
+                         latency, resolution(best, baseline), (d.lower, d.upper), gain=goal.min_gain)
+    if superior:
+        shown = "; ".join(f"{c.id}: {goal.latency_words(c, baseline, resolution, latency)}" for c in superior)
+        return Selection(baseline, baseline, KEPT, f"{KEPT}: {len(superior)} candidate(s) certified better by more "
+                         f"than {goal.min_gain:g} but none at an allowed latency ({shown}); keeping the baseline",
+                         latency)
+    said = [f"{c.id}: {c.decision.reason}" for c in candidates if c.raced is not None
+            or c.decision.verdict == NOT_RACED and any(w in c.decision.reason for w in ("budget", "cap"))]
+    shown = f" ({'; '.join(said)})" if said else ""
+    return Selection(baseline, baseline, KEPT, f"{KEPT}: no candidate certified better than the baseline by more than "
+                     f"{goal.min_gain:g}{shown}; keeping the baseline", latency)
 
 
 def plan_from_screen(baseline: Candidate, finalists: Sequence[Candidate], *, pool: int,

@@ -18,11 +18,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-__all__ = ["CLAUSES", "FASTER", "KEPT", "SelectionRecord", "TIE"]
+__all__ = ["BETTER", "CLAUSES", "FASTER", "KEPT", "SelectionRecord", "TIE"]
 
 FASTER, TIE, KEPT = "faster", "tie, no worse", "kept"
 """The clauses of the selection rule (:mod:`promptdistill.search.racing`); every reason starts with its clause."""
-CLAUSES = (FASTER, TIE, KEPT)
+BETTER = "better"
+"""The quality-first objective's clause (``slo.objective: quality``): certified superior to the
+baseline by ``slo.min_quality_gain``, at a latency no higher beyond the resolution or within the SLO."""
+CLAUSES = (FASTER, TIE, BETTER, KEPT)
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class SelectionRecord:
     """The published candidate's id (the baseline's when kept)."""
     baseline: str
     clause: str | None
-    """FASTER, TIE or KEPT (a reverted winner is KEPT); None: a result stored before this field
+    """FASTER, TIE, BETTER or KEPT (a reverted winner is KEPT); None: a result stored before this field
     existed, whose winner was not the baseline."""
     reason: str
     """The decision in words and numbers, for people: reports quote it, nothing parses it."""
@@ -47,6 +50,9 @@ class SelectionRecord:
     """The candidate the rule chose and the test split reverted (the clause is then KEPT)."""
     chosen_clause: str | None = None
     """The clause that chose ``reverted_from`` (None when nothing was reverted)."""
+    gain: float | None = None
+    """BETTER: the quality gain over the baseline the winner was certified to exceed
+    (``slo.min_quality_gain``); None for the other clauses."""
 
     @property
     def kept(self) -> bool:
@@ -62,7 +68,8 @@ class SelectionRecord:
         return cls(winner=str(data["winner"]), baseline=str(data.get("baseline", "baseline")),
                    clause=data.get("clause"), reason=str(data.get("reason", "")), latency=data.get("latency", "cost"),
                    resolution=data.get("resolution"), bounds=tuple(bounds) if bounds is not None else None,
-                   reverted_from=data.get("reverted_from"), chosen_clause=data.get("chosen_clause"))
+                   reverted_from=data.get("reverted_from"), chosen_clause=data.get("chosen_clause"),
+                   gain=data.get("gain"))
 
     @classmethod
     def from_result(cls, result: Mapping[str, Any]) -> "SelectionRecord":

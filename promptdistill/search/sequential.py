@@ -352,7 +352,7 @@ class Plan:
     alpha: float
     """Per-candidate error rate (after the correction across candidates)."""
     margin: float
-    """The spec's allowed quality drop."""
+    """The spec's allowed quality drop (negative: the gain a superiority race must certify)."""
     certifiable_margin: float
     """The smallest drop the whole pool certifies with 80% power for a candidate exactly
     as good as the baseline."""
@@ -372,10 +372,18 @@ class Plan:
     def sentence(self) -> str:
         """The plan in one line, for logs and summaries. The power is the race's, for a finalist
         (one that passed the screen: :func:`~promptdistill.search.racing.screen_pass_chance`)."""
-        need = f"~{self.needed} records needed" if self.needed is not None else "more records than planned for"
-        verdict = "can" if self.certifiable_margin <= self.margin else "cannot"
         basis = f", {self.basis}" if self.basis else ""
         tuned = f" tuned to {self.horizon} records" if self.horizon and self.pool else ""
+        if self.margin < 0:
+            # Superiority by -margin (the quality-first objective): the test moves with its null, so a
+            # candidate gaining -margin + m is certified about as often as a tie is at margin m.
+            gain = -self.margin
+            return (f"{self.pool} certify records certify a gain above {gain:g} with {self.power:.0%} power once "
+                    f"raced for a candidate about {gain + self.certifiable_margin:.3f} better than the baseline "
+                    f"(certifiable margin {self.certifiable_margin:.3f} at {self.discordance:.0%} discordant "
+                    f"pairs{basis}; {self.test}{tuned}, alpha {self.alpha:.3g} per candidate)")
+        need = f"~{self.needed} records needed" if self.needed is not None else "more records than planned for"
+        verdict = "can" if self.certifiable_margin <= self.margin else "cannot"
         return (f"{self.pool} certify records {verdict} certify a drop of at most {self.margin:g} with "
                 f"{self.power:.0%} power once raced (certifiable margin {self.certifiable_margin:.3f} at "
                 f"{self.discordance:.0%} discordant pairs{basis}; {self.test}{tuned}, alpha {self.alpha:.3g} per "

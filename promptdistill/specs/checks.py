@@ -349,6 +349,10 @@ def _output_metric_errors(spec: "Spec") -> list[str]:
         errors.append(f"slo.max_quality_drop: must be in [0, 1], got {spec.slo.max_quality_drop}")
     if spec.slo.ttft_ms is not None and spec.slo.ttft_ms <= 0:
         errors.append(f"slo.ttft_ms: must be positive, got {spec.slo.ttft_ms}")
+    if spec.slo.objective not in ("latency", "quality"):
+        errors.append(f"slo.objective: must be 'latency' or 'quality', got {spec.slo.objective!r}")
+    if not 0 < spec.slo.min_quality_gain <= 1:
+        errors.append(f"slo.min_quality_gain: must be in (0, 1], got {spec.slo.min_quality_gain}")
     return errors
 
 

@@ -41,7 +41,7 @@ from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.checks import spec_errors
 from promptdistill.specs.plugins import source_hash
 
-__all__ = ["ExamplesConfig", "Load", "MetricSpec", "Slo", "Spec", "rules_block", "spec_error", "spec_from_dict"]
+__all__ = ["ExamplesConfig", "Load", "MetricSpec", "OBJECTIVES", "Slo", "Spec", "rules_block", "spec_error", "spec_from_dict"]
 
 RULES_HEADER = "Rules:"
 """Heading of the constraints block, in the system text and in ``instruction_text()``."""
@@ -154,6 +154,10 @@ class Load:
         return {"rate_rps": self.rate_rps} if self.rate_rps is not None else {"concurrency": self.concurrency}
 
 
+OBJECTIVES = ("latency", "quality")
+"""``slo.objective``'s values, the default first."""
+
+
 @dataclass(frozen=True)
 class Slo:
     """The service-level objective the optimizer must respect."""
@@ -168,6 +172,13 @@ class Slo:
     this load; None: the TTFT of a request sent alone (cold, warm, expected)."""
     ttft_percentile: float = 95.0
     """Which TTFT percentile ``ttft_ms`` targets at ``load`` (P95 by default)."""
+    objective: str = "latency"
+    """What a published prompt must improve: "latency" (faster, or as fast and no worse: the
+    default) or "quality" (better by ``min_quality_gain``, and no slower beyond the TTFT
+    model's resolution or within ``ttft_ms``)."""
+    min_quality_gain: float = 0.02
+    """With ``objective: quality``: the gain in mean score over the baseline (absolute, in
+    (0, 1]) a winner is certified to exceed (superiority by this margin)."""
 
     @property
     def latency_name(self) -> str:
@@ -182,6 +193,10 @@ class Slo:
         if self.load is not None:
             out["load"] = self.load.to_dict()
             out["ttft_percentile"] = self.ttft_percentile
+        # Likewise the objective: a spec that keeps the default keeps its shape and hash.
+        if self.objective != OBJECTIVES[0] or self.min_quality_gain != Slo.min_quality_gain:
+            out["objective"] = self.objective
+            out["min_quality_gain"] = self.min_quality_gain
         return out
 
 
@@ -323,7 +338,8 @@ def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = 
         metric=MetricSpec(**{k: v for k, v in metric.items() if v is not None}, project_dir=str(project.resolve())),
         slo=Slo(ttft_ms=slo.get("ttft_ms"), max_quality_drop=slo.get("max_quality_drop", 0.02),
                 load=Load(**slo["load"]) if slo.get("load") else None,
-                ttft_percentile=slo.get("ttft_percentile", 95.0)),
+                ttft_percentile=slo.get("ttft_percentile", 95.0), objective=slo.get("objective", OBJECTIVES[0]),
+                min_quality_gain=slo.get("min_quality_gain", Slo.min_quality_gain)),
         source_path=src,
     )
 
