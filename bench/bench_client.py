@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         hanging = Templates(root, ttl_s=0, timeout_s=0.05)
         hanging.get(ref)
         store_back = threading.Event()
-        hanging.registry.resolve = lambda *a: store_back.wait(600)  # an endpoint that never answers
+        hanging.registry.split = lambda *a: store_back.wait(600)  # an endpoint that never answers
         t0 = time.perf_counter_ns()
         hanging.get(ref)  # the one caller that waits timeout_s
         first_wait_us = round((time.perf_counter_ns() - t0) / 1000, 1)
