@@ -13,6 +13,19 @@ Example::
     reply = httpx.post(f"{base_url}/chat/completions", json=body).json()
     data = t.parse(reply)                                  # json.loads + JSON Schema check
 
+Canaries and telemetry (see docs/rollout.md)::
+
+    t = templates.get("summarize@production", key=user_id)  # the canary for a stable share of keys
+    started = time.perf_counter()
+    reply = httpx.post(f"{base_url}/chat/completions", json=t.request_body(inputs, model=m)).json()
+    data = t.parse_observed(reply, started_at=started)      # parse, and record latency and failure
+
+``get`` with a ``key`` serves the version on the ``canary`` label to the keys whose hash
+falls below the canary's share (the same version for the same key, in every process);
+without a key, a random share of calls. ``observe`` and ``parse_observed`` record per
+template, version and label (Prometheus, an optional sink in the store): see
+``promptdistill.registry.telemetry``. A failure there never fails or slows a request.
+
 Caching: a version is immutable, so once loaded (and its hash verified) it is kept for
 the life of the process. A label is re-resolved when its entry is older than ``ttl_s``.
 
@@ -24,7 +37,8 @@ waits at most ``cold_timeout_s``. When a refresh fails (store unreachable or han
 or a corrupt label history or version) the last good copy keeps being served, a
 warning is logged, and the store is asked again ``ttl_s`` after the failure was seen.
 An unknown name, label or version from a store that holds a registry is always an
-error, never another version instead.
+error, never another version instead. The last good copy of ``NAME@production`` is its
+whole assignment: production's version, and the canary's with its share.
 
 What input values put into the rendered user message is checked for chat special-token
 strings (``<|im_end|>``, ``[INST]``, ...): see ``DEFAULT_SPECIAL_TOKENS``.
@@ -36,6 +50,7 @@ import copy
 import functools
 import json
 import logging
+import random
 import re
 import threading
 import time
@@ -45,6 +60,7 @@ import jsonschema
 
 from promptdistill.core.config import load_settings
 from promptdistill.core.errors import (
+    IntegrityError,
     InvalidReplyError,
     PromptDistillError,
     RegistryError,
@@ -52,12 +68,20 @@ from promptdistill.core.errors import (
     TemplateNotFoundError,
 )
 from promptdistill.registry.backend import StoreUnavailableError
-from promptdistill.registry.records import VersionRecord, openai_response_format, parse_ref, response_format_kind
+from promptdistill.registry.records import (
+    CANARY_LABEL,
+    VersionRecord,
+    canary_point,
+    openai_response_format,
+    parse_ref,
+    response_format_kind,
+)
 from promptdistill.registry.store import Registry
+from promptdistill.registry.telemetry import Telemetry, default_telemetry
 from promptdistill.specs.render import placeholders, render_messages, render_text_spans, value_text
 from promptdistill.specs.schema_from import request_schema
 
-__all__ = ["DEFAULT_SPECIAL_TOKENS", "SpecialTokenError", "StoreUnavailableError", "Template", "Templates"]
+__all__ = ["DEFAULT_SPECIAL_TOKENS", "SpecialTokenError", "StoreUnavailableError", "Telemetry", "Template", "Templates"]
 
 logger = logging.getLogger("promptdistill.client")
 
@@ -181,11 +205,16 @@ class Template:
 
     __slots__ = ("record", "name", "version", "content_hash", "inputs", "_system", "_user", "_required",
                  "_declared", "_schema", "_validator", "_response_format_json", "_sampling_json", "_max_tokens",
-                 "_markers", "schema_from")
+                 "_markers", "schema_from", "label", "_telemetry")
 
-    def __init__(self, record: VersionRecord, *, markers: _Markers = _DEFAULT_MARKERS) -> None:
+    def __init__(self, record: VersionRecord, *, markers: _Markers = _DEFAULT_MARKERS,
+                 telemetry: Telemetry | None = None, label: str | None = None) -> None:
         content = record.content
         self._markers = markers
+        self._telemetry = telemetry
+        self.label = label
+        """The label this template was served under (``production``, ``canary``, ...);
+        None when it was asked for by version. ``observe`` records it."""
         self.record = record
         self.name = record.name
         self.version = record.version
@@ -230,7 +259,55 @@ class Template:
         return f"{self.name}:{self.version}"
 
     def __repr__(self) -> str:
-        return f"<Template {self.ref} {self.content_hash[:19]}>"
+        served = f" @{self.label}" if self.label else ""
+        return f"<Template {self.ref}{served} {self.content_hash[:19]}>"
+
+    def served_as(self, label: str | None) -> "Template":
+        """This version as served under ``label`` (what ``observe`` records); shares everything else."""
+        other = object.__new__(Template)
+        for slot in Template.__slots__:
+            object.__setattr__(other, slot, getattr(self, slot))
+        other.label = label
+        return other
+
+    # ---------------------------------------------------------------- telemetry
+    def observe(self, *, ttft_ms: float | None = None, e2e_ms: float | None = None, ok: bool = True,
+                score: float | None = None, label: str | None = None) -> None:
+        """Record what the service observed for one request served with this template.
+
+        Labelled by template, version and label (default: the label it was served under).
+        Never raises and never waits: a failing or full telemetry path drops the
+        observation and counts the drop (see ``promptdistill.registry.telemetry``).
+
+        Args:
+            ttft_ms: time to first token, in milliseconds (streaming callers).
+            e2e_ms: end-to-end latency of the request, in milliseconds.
+            ok: False when the reply did not parse against the template's schema.
+            score: a quality score the service computed (expected in [0, 1]).
+            label: the label to record instead of the one it was served under.
+        """
+        try:
+            telemetry = self._telemetry or default_telemetry()
+            telemetry.observe(self.name, self.version, label or self.label or "none", ttft_ms=ttft_ms,
+                              e2e_ms=e2e_ms, ok=ok, score=score)
+        except Exception:  # noqa: BLE001 - telemetry never fails a request
+            logger.debug("telemetry: observation of %s dropped", self.ref, exc_info=True)
+
+    def parse_observed(self, reply: str | bytes | Mapping[str, Any], inputs: Mapping[str, Any] | None = None, *,
+                       started_at: float | None = None, ttft_ms: float | None = None,
+                       score: float | None = None) -> Any:
+        """``parse``, recording the request: its latency since ``started_at`` (a
+        ``time.perf_counter()`` reading taken before the request was sent) and whether the
+        reply parsed (``ok=False`` when ``parse`` raises InvalidReplyError, which is raised).
+        """
+        e2e_ms = (time.perf_counter() - started_at) * 1000.0 if started_at is not None else None
+        try:
+            value = self.parse(reply, inputs)
+        except InvalidReplyError:
+            self.observe(ttft_ms=ttft_ms, e2e_ms=e2e_ms, ok=False, score=score)
+            raise
+        self.observe(ttft_ms=ttft_ms, e2e_ms=e2e_ms, ok=True, score=score)
+        return value
 
     # ------------------------------------------------------------------ request
     def render(self, inputs: Mapping[str, Any] | None = None, /, **kwargs: Any) -> list[dict[str, str]]:
@@ -361,7 +438,7 @@ class _Flight:
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.done = threading.Event()
-        self.result: Template | None = None
+        self.result: Any = None
         self.error: BaseException | None = None
         self.warned = False
 
@@ -383,11 +460,15 @@ class Templates:
         special_tokens: special-token strings to look for in input values.
         on_special_tokens: 'escape' (default: insert a zero-width space so the string is
             plain text to any tokenizer), 'reject' (raise SpecialTokenError) or 'keep'.
+        telemetry: where ``Template.observe`` records (a ``Telemetry``: Prometheus metrics,
+            a sink in the store); None: the process's default, Prometheus's global
+            registry, created at the first observation.
     """
 
     def __init__(self, root: str | None = None, *, ttl_s: float = 60.0, timeout_s: float = 0.5,
                  cold_timeout_s: float = 10.0, storage_options: Mapping[str, Any] | None = None,
-                 special_tokens: Iterable[str] = DEFAULT_SPECIAL_TOKENS, on_special_tokens: str = "escape") -> None:
+                 special_tokens: Iterable[str] = DEFAULT_SPECIAL_TOKENS, on_special_tokens: str = "escape",
+                 telemetry: Telemetry | None = None) -> None:
         if root is None:
             root = load_settings().registry
         for what, value in (("ttl_s", ttl_s), ("timeout_s", timeout_s), ("cold_timeout_s", cold_timeout_s)):
@@ -400,8 +481,12 @@ class Templates:
         # must_exist: an unmounted share is an outage (serve the last good copy), not "not found".
         self.registry = Registry(root, storage_options=storage_options, must_exist=True)
         self._markers = _Markers(special_tokens, on_special_tokens)
+        self.telemetry = telemetry
         self._templates: dict[tuple[str, int], Template] = {}
-        self._labels: dict[tuple[str, str], tuple[int, float]] = {}  # -> (version, next check at)
+        self._served: dict[tuple[str, int, str], Template] = {}
+        # The whole assignment of a label is one tuple (see _Entry), replaced at once, so
+        # readers never see half of one.
+        self._labels: dict[tuple[str, str], _Entry] = {}
         self._refs: dict[str, tuple[str, str | None, int | None]] = {}
         # Guards _flights only, for a few dict operations: never held during I/O.
         self._flights_lock = threading.Lock()
@@ -410,10 +495,15 @@ class Templates:
     def __repr__(self) -> str:
         return f"Templates({self.root!r}, ttl_s={self.ttl_s})"
 
-    def get(self, ref: str, *, label: str | None = None, version: int | None = None) -> Template:
+    def get(self, ref: str, *, label: str | None = None, version: int | None = None,
+            key: str | bytes | int | None = None) -> Template:
         """A template by ``name@label``, ``name:3``, or a name plus ``label=``/``version=``.
 
-        A bare name means its ``production`` label.
+        A bare name means its ``production`` label. While ``production`` has a canary, the
+        canary's version is returned for its share of the calls: with ``key`` (a user,
+        conversation or request id) for the keys whose hash falls below the share, the
+        same version for the same key everywhere, and a key in at 10% stays in at 50%;
+        without a key, for a random share of calls. The template's ``label`` says which.
 
         Raises:
             TemplateNotFoundError: unknown name, label or version (never another version instead).
@@ -434,22 +524,33 @@ class Templates:
             template = self._templates.get((name, version))
             return template if template is not None else self._get_version(name, version)
         entry = self._labels.get((name, label))
-        if entry is not None and entry[1] > time.monotonic():
-            template = self._templates.get((name, entry[0]))
-            if template is not None:
-                return template
-        return self._refresh_label(name, label, entry)
+        if entry is None or entry[3] <= time.monotonic():
+            entry = self._refresh_label(name, label, entry)
+        canary = entry[1]
+        if canary is None:
+            return entry[0]
+        point = random.random() if key is None else canary_point(name, canary.version, key)
+        return canary if point < entry[2] else entry[0]
 
     def clear(self) -> None:
         """Forget every cached label resolution and version."""
         self._templates.clear()
+        self._served.clear()
         self._labels.clear()
 
     # ------------------------------------------------------------------ loading
     def _load(self, name: str, version: int) -> Template:
-        template = Template(self.registry.get_version(name, version), markers=self._markers)
+        template = Template(self.registry.get_version(name, version), markers=self._markers, telemetry=self.telemetry)
         self._templates[(name, version)] = template
         return template
+
+    def _serve(self, name: str, version: int, label: str) -> Template:
+        """Version ``version`` as served under ``label`` (loaded once, then shared)."""
+        served = self._served.get((name, version, label))
+        if served is None:
+            template = self._templates.get((name, version)) or self._load(name, version)
+            served = self._served[(name, version, label)] = template.served_as(label)
+        return served
 
     def _flight(self, key: tuple[str, str, Any], work: Callable[[], Template]) -> _Flight:
         """The read in progress for ``key``, or a new one started in its own thread."""
@@ -493,8 +594,8 @@ class Templates:
         assert flight.result is not None
         return flight.result
 
-    def _refresh_label(self, name: str, label: str, entry: tuple[int, float] | None) -> Template:
-        good = self._templates.get((name, entry[0])) if entry is not None else None
+    def _refresh_label(self, name: str, label: str, entry: _Entry | None) -> _Entry:
+        good = entry  # the last good assignment
         flight = self._flight(("l", name, label), lambda: self._resolve(name, label))
         if self._wait(flight, self.timeout_s if good is not None else self.cold_timeout_s):
             if flight.error is None:
@@ -510,38 +611,59 @@ class Templates:
             )
         # Too slow: serve the last good copy now; the read goes on and updates the cache
         # when it ends. Until then, callers get the copy without waiting again.
-        self._labels[(name, label)] = (good.version, time.monotonic() + self.ttl_s)
+        self._labels[(name, label)] = good[:3] + (time.monotonic() + self.ttl_s,)
         if not flight.warned:
             flight.warned = True
             logger.warning(
                 "registry %s did not answer within %.3g s; serving last good copy %s for %s@%s "
-                "while the refresh goes on", self.root, self.timeout_s, good.ref, name, label,
+                "while the refresh goes on", self.root, self.timeout_s, _describe(good), name, label,
             )
         return good
 
-    def _resolve(self, name: str, label: str) -> Template:
-        """Resolve a label and load its version (in a reader thread); update the cache."""
+    def _resolve(self, name: str, label: str) -> _Entry:
+        """Resolve a label (with its canary) and load the versions (in a reader thread);
+        update the cache."""
         key = (name, label)
         try:
-            version = self.registry.resolve(name, label)
-            template = self._templates.get((name, version)) or self._load(name, version)
+            split = self.registry.split(name, label)
+            template = self._serve(name, split.version, label)
+            canary = None
+            if split.canary is not None:
+                try:
+                    canary = self._serve(name, split.canary, CANARY_LABEL)
+                except (IntegrityError, TemplateNotFoundError) as e:
+                    # A broken canary must not stop production: serve production to everyone.
+                    logger.error("registry %s: canary %s:%d of %s@%s cannot be loaded; serving %s to every key: %s",
+                                 self.root, name, split.canary, name, label, template.ref, e)
         except Exception as e:
-            entry = self._labels.get(key)
-            good = self._templates.get((name, entry[0])) if entry is not None else None
+            good = self._labels.get(key)
             if good is None or not _falls_back(e):
                 raise
             # Stamped after the failed call: a store slower than ttl_s is still left alone for ttl_s.
-            self._labels[key] = (good.version, time.monotonic() + self.ttl_s)
+            self._labels[key] = good[:3] + (time.monotonic() + self.ttl_s,)
             if isinstance(e, StoreUnavailableError):
                 logger.warning("registry %s unreachable; serving last good copy %s for %s@%s (retrying in %.0f s): %s",
-                               self.root, good.ref, name, label, self.ttl_s, e)
+                               self.root, _describe(good), name, label, self.ttl_s, e)
             else:
                 logger.error("registry %s: %s@%s cannot be resolved; serving last good copy %s "
-                             "(retrying in %.0f s): %s: %s", self.root, name, label, good.ref, self.ttl_s,
+                             "(retrying in %.0f s): %s: %s", self.root, name, label, _describe(good), self.ttl_s,
                              type(e).__name__, e)
             raise
-        self._labels[key] = (version, time.monotonic() + self.ttl_s)
-        return template
+        entry: _Entry = (template, canary, split.share if canary is not None else 0.0, time.monotonic() + self.ttl_s)
+        self._labels[key] = entry
+        return entry
+
+
+_Entry = tuple[Template, "Template | None", float, float]
+"""A label's cached assignment: (its template, the canary's or None, the canary's share,
+when to check the store again)."""
+
+
+def _describe(entry: _Entry) -> str:
+    """The assignment for messages: ``summarize:3`` or ``summarize:3 + canary summarize:4 at 10%``."""
+    if entry[1] is None:
+        return entry[0].ref
+    return f"{entry[0].ref} + canary {entry[1].ref} at {entry[2]:.0%}"
 
 
 def _falls_back(error: BaseException) -> bool:

@@ -94,9 +94,12 @@ def test_bench_client(tmp_path):
     assert isinstance(report["goal"], str) and isinstance(report["met"], bool)
     assert report["template"]["ref"] and isinstance(report["template"]["system_chars"], int)
     assert report["template"]["inputs"] == ["ticket", "tier"]
-    for name in ("get_render_warm", "get_warm", "render", "request_body", "parse", "get_label_refresh", "get_cold"):
+    for name in ("get_render_warm", "get_warm", "render", "request_body", "parse", "get_label_refresh", "get_cold",
+                 "get_canary_key_render", "get_canary_key", "get_canary_random", "observe_prometheus",
+                 "observe_prometheus_sink", "parse_observed"):
         numbers(report["results"][name], ("n", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us"), f"{name}.")
         assert report["results"][name]["n"] >= 1
+    assert isinstance(report["canary_met"], bool) and report["sink_dropped"] == {}
 
 
 # -- engine benchmarks ------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_unreachable_store_serves_the_last_good_copy_and_logs(reg, tmp_path, cap
         with caplog.at_level(logging.WARNING, logger="promptdistill.client"):
             assert templates.get("summarize@production") is good
         assert "unreachable; serving last good copy summarize:1 for summarize@production" in caplog.text
-        assert templates.get("summarize:1") is good  # versions are immutable: cached for good
+        assert templates.get("summarize:1").record is good.record  # versions are immutable: cached for good
         with pytest.raises(StoreUnavailableError, match="does not exist or is not mounted"):
             templates.get("summarize@staging")  # never loaded: nothing to fall back on
         with pytest.raises(StoreUnavailableError):
@@ -202,7 +202,7 @@ def _slow(monkeypatch, templates: Templates, *, block: threading.Event | None = 
           fail: bool = False, names: tuple[str, ...] = ()):
     """Make the client's store slow (or hang until ``block`` is set) for ``names`` (all if empty)."""
     calls = []
-    real = templates.registry.resolve
+    real = templates.registry.split  # the client's one read of a label (with its canary)
 
     def resolve(name, label):
         if names and name not in names:
@@ -215,7 +215,7 @@ def _slow(monkeypatch, templates: Templates, *, block: threading.Event | None = 
             raise StoreUnavailableError("simulated outage")
         return real(name, label)
 
-    monkeypatch.setattr(templates.registry, "resolve", resolve)
+    monkeypatch.setattr(templates.registry, "split", resolve)
     return calls
 
 
@@ -343,7 +343,7 @@ def test_an_unexpected_failure_keeps_the_last_good_copy(reg, monkeypatch, caplog
     def broken(name, label):
         raise ValueError("a bug in a storage plugin")
 
-    monkeypatch.setattr(templates.registry, "resolve", broken)
+    monkeypatch.setattr(templates.registry, "split", broken)
     with caplog.at_level(logging.ERROR, logger="promptdistill.client"):
         assert templates.get("summarize@production") is good
     assert "serving last good copy summarize:1 (retrying in 0 s): ValueError: a bug in a storage plugin" in caplog.text

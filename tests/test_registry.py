@@ -220,7 +220,7 @@ def _event_file(reg: Registry, name: str, seq: int) -> Path:
         ("to_version", 2.0, "to_version: must be a positive integer"),
         ("from_version", "1", "from_version: must be a positive integer or null"),
         ("label", 5, "label: not a valid label: 5"),
-        ("action", "delete", "action: must be one of ('set', 'rollback')"),
+        ("action", "delete", "action: must be one of ('set', 'rollback', 'unset')"),
         ("actor", None, "actor: must be a string"),
     ],
 )

@@ -5,6 +5,8 @@
     promptdistill templates diff summarize:2 summarize:3      (B may be just "3" or "@staging")
     promptdistill templates promote summarize 3 --label production [--reason "won nightly"]
     promptdistill templates rollback summarize --label production
+    promptdistill templates canary summarize 4 --share 0.1     (again with --share 0.5 to widen)
+    promptdistill templates rollback summarize --label canary  (ends the canary; production stays)
     promptdistill templates history summarize [--label production]
     promptdistill templates verify [summarize ...]
     promptdistill templates repair summarize
@@ -22,7 +24,11 @@ other templates and marks the broken one, ``history`` shows the events it can re
 the template's corrupt label events into ``templates/NAME/quarantine/`` (never deleting
 them) so ``promote`` and ``rollback`` work again.
 
-publish, promote and rollback take ``--mlflow-uri URI`` to sync that template to MLflow
+``canary`` puts a version on the ``canary`` label with a share of ``production``'s traffic:
+clients asking for ``NAME@production`` with a key serve it to that share of the keys (see
+docs/rollout.md). ``list`` and ``history`` show the share.
+
+publish, promote, canary and rollback take ``--mlflow-uri URI`` to sync that template to MLflow
 right after the change (see docs/mlflow.md).
 """
 
@@ -56,6 +62,17 @@ def _version(text: str) -> int:
     if not _digits(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid version {text!r}: versions are integers from 1 (ASCII digits)")
     return int(text)
+
+
+def _share(text: str) -> float:
+    """A traffic share: a fraction in (0, 1]."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"invalid share {text!r}: a fraction of traffic in (0, 1], e.g. 0.1")
+    return share
 
 
 def _seconds(text: str) -> int:
@@ -103,7 +120,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--actor", help="recorded in the label history (default: user@host)")
     p.set_defaults(func=_promote)
 
-    p = sub.add_parser("rollback", parents=[common, mirror], help="move a label back to its previous version")
+    p = sub.add_parser("canary", parents=[common, mirror],
+                       help="put a version on the canary label with a share of production's traffic (again to widen)")
+    p.add_argument("name")
+    p.add_argument("version", type=_version)
+    p.add_argument("--share", type=_share, required=True, help="the fraction of production's keys it serves, e.g. 0.1")
+    p.add_argument("--reason", default="", help="recorded in the label history")
+    p.add_argument("--actor", help="recorded in the label history (default: user@host)")
+    p.set_defaults(func=_canary)
+
+    p = sub.add_parser("rollback", parents=[common, mirror],
+                       help="move a label back to its previous version (--label canary: end the canary)")
     p.add_argument("name")
     p.add_argument("--label", required=True)
     p.add_argument("--reason", default="")
@@ -164,8 +191,9 @@ def _registry(args: argparse.Namespace):
         raise ConfigError(f"{where}: {e}") from None
 
 
-def _labels_text(labels: dict[str, int]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+def _labels_text(labels: dict[str, int], shares: dict[str, float] | None = None) -> str:
+    shares = shares or {}
+    return ", ".join(f"{k}={v}" + (f" ({shares[k]:.0%})" if k in shares else "") for k, v in sorted(labels.items())) or "-"
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -176,7 +204,7 @@ def _list(args: argparse.Namespace) -> int:
         versions: list[int] = []
         try:
             versions = reg.versions(name)
-            labels = _labels_text(reg.labels(name))
+            labels = _labels_text(reg.labels(name), reg.shares(name))
         except IntegrityError as e:
             broken.append(f"{name}: IntegrityError: {e}")
             labels = "BROKEN (see templates verify)"
@@ -296,10 +324,22 @@ def _promote(args: argparse.Namespace) -> int:
     return _mirror(args, reg, "promoted")
 
 
+def _canary(args: argparse.Namespace) -> int:
+    reg = _registry(args)
+    event = reg.set_canary(args.name, args.version, args.share, actor=args.actor, reason=args.reason)
+    print(f"{args.name}@canary: {_fmt(event.from_version)} -> {event.to_version}, "
+          f"{event.shares['canary']:.0%} of production's keys (production is {event.labels['production']})")
+    return _mirror(args, reg, "canary set")
+
+
 def _rollback(args: argparse.Namespace) -> int:
     reg = _registry(args)
     event = reg.rollback(args.name, args.label, actor=args.actor, reason=args.reason)
-    print(f"{args.name}@{event.label}: {_fmt(event.from_version)} -> {event.to_version} (rolled back)")
+    if event.action == "unset":
+        print(f"{args.name}@{event.label}: {event.from_version} removed (canary ended); "
+              f"production stays at {_fmt(event.labels.get('production'))}")
+    else:
+        print(f"{args.name}@{event.label}: {_fmt(event.from_version)} -> {event.to_version} (rolled back)")
     return _mirror(args, reg, "rolled back")
 
 
@@ -313,18 +353,24 @@ def _history(args: argparse.Namespace) -> int:
     if not events and not scan.corrupt:
         print(f"no label moves for {args.name}")
         return 0
-    rows, before = [], {}
+    rows, before, shares_before = [], {}, {}
     corrupt = sorted(scan.corrupt)
     for e in events:
         while corrupt and corrupt[0] < e.seq:
             rows.append([str(corrupt.pop(0)), "-", "-", "-", "CORRUPT", "-", "see below"])
         # One event may move several labels (a publish): one row per label it moved.
-        moved = [e.label] if args.label else [e.label] + [k for k, v in sorted(e.labels.items())
-                                                          if k != e.label and before.get(k) != v]
+        moved = [e.label] if args.label else [e.label] + [k for k in sorted(set(e.labels) | set(before))
+                                                          if k != e.label and before.get(k) != e.labels.get(k)]
         for label in moved:
-            frm, to = (e.from_version, e.to_version) if label == e.label else (before.get(label), e.labels[label])
-            rows.append([str(e.seq), e.at, label, f"{_fmt(frm)} -> {to}", e.action, e.actor, e.reason])
-        before = e.labels
+            frm, to = (e.from_version, e.to_version) if label == e.label else (before.get(label), e.labels.get(label))
+            action = e.action if label == e.label or label in e.labels else "unset"
+            move = f"{_fmt(frm)} -> {'(removed)' if action == 'unset' else to}"
+            if label in e.shares or label in shares_before:
+                old, new = shares_before.get(label), e.shares.get(label)
+                move += f", share {old:.0%} -> {new:.0%}" if old is not None and new is not None and old != new else (
+                    f", share {new:.0%}" if new is not None else "")
+            rows.append([str(e.seq), e.at, label, move, action, e.actor, e.reason])
+        before, shares_before = e.labels, e.shares
     rows += [[str(seq), "-", "-", "-", "CORRUPT", "-", "see below"] for seq in corrupt]
     print(text_table(["SEQ", "AT", "LABEL", "MOVE", "ACTION", "ACTOR", "REASON"], rows))
     if scan.corrupt:

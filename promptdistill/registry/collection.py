@@ -52,7 +52,7 @@ from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNot
 from promptdistill.registry.backend import Backend, StoreUnavailableError
 from promptdistill.registry.records import LabelEvent
 
-__all__ = ["Checkpoint", "Collection", "HistoryScan", "RepairResult", "event_seq", "label_moves", "label_stack",
+__all__ = ["Checkpoint", "Collection", "HistoryScan", "LabelChange", "RepairResult", "event_seq", "label_moves", "label_stack",
            "utc_now"]
 
 logger = logging.getLogger("promptdistill.registry")
@@ -61,7 +61,17 @@ _VERSION_FILE = re.compile(r"([1-9][0-9]*)\.json")
 _EVENT_FILE = re.compile(r"([0-9]{1,12})\.json")
 _MAX_ATTEMPTS = 256
 
-Target = Callable[[list[LabelEvent] | None, dict[str, int]], Mapping[str, int]]
+Target = Callable[[list[LabelEvent] | None, dict[str, int]], "Mapping[str, int | None] | LabelChange"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelChange:
+    """What a label move's target may return besides ``{label: version}``: labels to move
+    (None removes one) and canary shares to set (None removes one). A removed label loses
+    its share."""
+
+    labels: Mapping[str, int | None]
+    shares: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
 
 
 def event_seq(file_name: str) -> int | None:
@@ -91,6 +101,9 @@ def label_moves(events: list[LabelEvent], label: str) -> list[LabelEvent]:
         elif label in event.labels and event.labels[label] != before.get(label):
             out.append(dataclasses.replace(event, label=label, from_version=before.get(label),
                                            to_version=event.labels[label]))
+        elif label in before and label not in event.labels:  # removed beside another move (a canary promoted)
+            out.append(dataclasses.replace(event, label=label, action="unset", from_version=before[label],
+                                           to_version=before[label]))
         before = event.labels
     return out
 
@@ -103,6 +116,9 @@ def label_stack(events: list[LabelEvent], label: str) -> list[int]:
     """
     stack: list[int] = []
     for event in label_moves(events, label):
+        if event.action == "unset":  # removed: a later set starts afresh
+            stack = []
+            continue
         if event.action == "rollback" and stack:
             stack.pop()
         elif not stack and event.from_version is not None:
@@ -262,12 +278,18 @@ class Collection:
             IntegrityError: the latest event is unreadable or malformed (naming the file,
                 the field, and how to repair it). An older corrupt event is skipped.
         """
+        seq, labels, _shares = self.state()
+        return seq, labels
+
+    def state(self) -> tuple[int, dict[str, int], dict[str, float]]:
+        """(last event number, {label: version}, {canary label: share}) of the latest event
+        (see ``label_state``)."""
         hint = self._checkpoint_seq()
-        seq, labels = 0, {}
+        seq, labels, shares = 0, {}, {}
         if hint:
             try:
                 event = self._read_event(hint)
-                seq, labels = event.seq, dict(event.labels)
+                seq, labels, shares = event.seq, dict(event.labels), dict(event.shares)
             except FileNotFoundError:
                 logger.warning("%s: the label checkpoint names event %d, which does not exist; reading the history",
                                self.backend.url(self.prefix), hint)
@@ -277,7 +299,7 @@ class Collection:
                                self.backend.url(self.prefix), hint, e)
                 hint = None
         if hint is None:
-            seq, labels = self._latest_listed()
+            seq, labels, shares = self._latest_listed()
         while True:  # roll forward over events written after the checkpoint
             try:
                 event = self._read_event(seq + 1)
@@ -285,8 +307,8 @@ class Collection:
                 # The end, unless later events are listed: then this is a gap a repair left.
                 seqs = self._event_seqs()
                 if not seqs or seqs[-1] <= seq:
-                    return seq, labels
-                seq, labels = self._latest_listed()
+                    return seq, labels, shares
+                seq, labels, shares = self._latest_listed()
                 continue
             except IntegrityError as e:
                 # Corrupt, but maybe not the latest: only the latest event decides.
@@ -295,26 +317,26 @@ class Collection:
                     raise self._corrupt_latest(e) from None
                 logger.error("%s (an older label event of %s: skipped, the labels come from event %d; "
                              "see `promptdistill templates verify`)", e, self.what, newer[0])
-                seq, labels = newer
+                seq, labels, shares = newer
                 continue
-            seq, labels = event.seq, dict(event.labels)
+            seq, labels, shares = event.seq, dict(event.labels), dict(event.shares)
 
     def _event_seqs(self) -> list[int]:
         return sorted(s for n in self.backend.list(f"{self.prefix}/labels/history") if (s := event_seq(n)))
 
-    def _latest_listed(self) -> tuple[int, dict[str, int]]:
-        """(number, labels) of the last event listed; (0, {}) if there is none."""
+    def _latest_listed(self) -> tuple[int, dict[str, int], dict[str, float]]:
+        """(number, labels, shares) of the last event listed; (0, {}, {}) if there is none."""
         for _ in range(3):  # an event gone since the listing was moved by a repair: list again
             seqs = self._event_seqs()
             if not seqs:
-                return 0, {}
+                return 0, {}, {}
             try:
                 event = self._read_event(seqs[-1])
             except FileNotFoundError:
                 continue
             except IntegrityError as e:
                 raise self._corrupt_latest(e) from None
-            return event.seq, dict(event.labels)
+            return event.seq, dict(event.labels), dict(event.shares)
         raise IntegrityError(f"{self.backend.url(self.event_key(seqs[-1]))}: listed but not readable")
 
     def _corrupt_latest(self, error: IntegrityError) -> IntegrityError:
@@ -424,6 +446,7 @@ class Collection:
         event = LabelEvent(
             seq=scan.latest + 1, label=last.label, from_version=last.labels[last.label],
             to_version=last.labels[last.label], action="set", actor=actor, at=utc_now(), labels=dict(last.labels),
+            shares=dict(last.shares),
             reason=(f"repair: quarantined event{'s' if len(lost) > 1 else ''} {numbers} (corrupt); "
                     f"the labels are those of event {last.seq}"),
         )
@@ -461,26 +484,36 @@ class Collection:
         """Append one event moving the labels ``target(history, labels)`` returns.
 
         ``target`` gets the history (when ``needs_history``, else None) and the current
-        ``{label: version}``, and returns ``{label: new version}`` (empty: nothing to do,
-        no event, returns None). The move is a create-only write of event ``seq+1``: if
+        ``{label: version}``, and returns ``{label: new version}`` or a ``LabelChange``
+        (labels removed, canary shares; empty: nothing to do, no event, returns None). The move is a create-only write of event ``seq+1``: if
         another writer got there first, the state is re-read and ``target`` asked again,
         so a ``target`` that checks the current state is a compare-and-set.
         """
         for _ in range(_MAX_ATTEMPTS):
             if needs_history:
                 events = self.history()
-                seq, labels = (events[-1].seq, dict(events[-1].labels)) if events else (0, {})
+                seq, labels, shares = ((events[-1].seq, dict(events[-1].labels), dict(events[-1].shares)) if events
+                                       else (0, {}, {}))
                 # events written after the listing are picked up by the conflict below
             else:
                 events = None
-                seq, labels = self.label_state()
-            moves = dict(target(events, labels))
-            if not moves:
+                seq, labels, shares = self.state()
+            change = target(events, labels)
+            if not isinstance(change, LabelChange):
+                change = LabelChange(dict(change))
+            moves = dict(change.labels)
+            if not moves and not change.shares:
                 return None
-            label, to_version = next(iter(moves.items()))
+            after = {k: v for k, v in {**labels, **moves}.items() if v is not None}
+            shares = {k: v for k, v in {**shares, **change.shares}.items() if v is not None and k in after}
+            label = next(iter(moves)) if moves else next(iter(change.shares))
+            to_version = after.get(label, labels.get(label))
+            if to_version is None:
+                raise RegistryError(f"{self.backend.url(self.prefix)}: label {label!r} is not set")
             event = LabelEvent(
                 seq=seq + 1, label=label, from_version=labels.get(label), to_version=to_version,
-                action=action, actor=actor, at=utc_now(), reason=reason, labels={**labels, **moves},
+                action="unset" if label not in after else action, actor=actor, at=utc_now(), reason=reason,
+                labels=after, shares=shares,
             )
             try:
                 self.backend.create(self.event_key(event.seq), event.to_bytes())
@@ -503,6 +536,8 @@ class Collection:
         key = f"{self.prefix}/labels.json"
         body = ({"seq": event.seq, "labels": event.labels, "updated_at": event.at} if event is not None
                 else {"seq": 0, "labels": {}, "updated_at": utc_now()})
+        if event is not None and event.shares:
+            body["shares"] = event.shares
         data = (json.dumps(body, sort_keys=True, indent=2) + "\n").encode()
         try:
             self.backend.replace(key, data)

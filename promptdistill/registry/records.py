@@ -24,6 +24,7 @@ Metrics are free-form JSON; the optimizer's convention is ``quality`` (with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -40,10 +41,15 @@ from promptdistill.specs.render import TemplateSyntaxError, check_template
 __all__ = [
     "ASCII_DIGITS",
     "ArtifactRecord",
+    "CANARY_LABEL",
     "CONTENT_KEYS",
     "LabelEvent",
     "SAMPLING_KEYS",
+    "SPLIT_LABEL",
+    "Split",
     "VersionRecord",
+    "canary_point",
+    "check_share",
     "check_content",
     "check_label",
     "check_name",
@@ -63,7 +69,13 @@ ASCII_DIGITS = re.compile(r"[0-9]{1,12}")
 """A version number (or any whole number a user types): ASCII digits only. str.isdigit()
 also accepts "²" and "３", which int() then fails on or silently reads as 3."""
 _INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ACTIONS = ("set", "rollback")
+_ACTIONS = ("set", "rollback", "unset")
+
+CANARY_LABEL = "canary"
+"""The label a canary version is put on, with its traffic share (``LabelEvent.shares``)."""
+SPLIT_LABEL = "production"
+"""The label whose traffic a canary takes a share of: ``NAME@production`` serves the
+canary's version to that share of keys."""
 
 CONTENT_KEYS = ("name", "system", "user", "inputs", "output_schema", "schema_from", "response_format", "max_tokens",
                 "sampling")
@@ -385,6 +397,50 @@ class VersionRecord:
         return cls(**value)
 
 
+def check_share(share: Any) -> float:
+    """Return ``share`` if it is a traffic share in (0, 1], else raise RegistryError."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise RegistryError(f"invalid canary share {share!r}: a fraction of traffic in (0, 1], e.g. 0.1")
+    return float(share)
+
+
+_POINT_SCALE = 2.0 ** -64
+
+
+def canary_point(name: str, canary_version: int, key: str | bytes | int) -> float:
+    """Where ``key`` falls in [0, 1) for the canary ``canary_version`` of ``name``.
+
+    A key is served the canary while its point is below the share, so the assignment is
+    the same on every call, process and machine, and widening the share only adds keys
+    (a key in at 10% is in at 50%). The canary's version is part of the hash: each new
+    canary takes a fresh slice of the keys, not the same users every time.
+    """
+    if isinstance(key, str):
+        data = key.encode("utf-8", "surrogatepass")
+    elif isinstance(key, bytes):
+        data = key
+    elif isinstance(key, int) and not isinstance(key, bool):
+        data = str(key).encode()
+    else:
+        raise TypeError(f"a canary key must be a str, bytes or int (a user, conversation or request id), "
+                        f"got {type(key).__name__}")
+    digest = hashlib.blake2b(f"{name}\0{canary_version}\0".encode() + data, digest_size=8).digest()
+    return int.from_bytes(digest, "big") * _POINT_SCALE
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a label's traffic is served: its version, and a canary's version with its share.
+
+    Only ``production`` is split (see ``SPLIT_LABEL``); ``canary`` is None elsewhere and
+    while no canary is set.
+    """
+
+    version: int
+    canary: int | None = None
+    share: float = 0.0
+
+
 @dataclass(frozen=True)
 class LabelEvent:
     """One move of one label; events are numbered from 1 and never rewritten."""
@@ -394,7 +450,8 @@ class LabelEvent:
     from_version: int | None
     to_version: int
     action: str
-    """``set`` (promote/publish) or ``rollback``."""
+    """``set`` (promote/publish), ``rollback``, or ``unset`` (the label was removed: a
+    canary ended; ``from_version`` and ``to_version`` are the version it had)."""
     actor: str
     at: str
     reason: str
@@ -403,9 +460,15 @@ class LabelEvent:
     once (a publish with ``labels=[...]``): ``label``/``from_version``/``to_version``
     describe the first; the others are the entries that differ from the previous event's
     map (see ``collection.label_moves``)."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """The traffic share of each canary label after this event (``{"canary": 0.1}``).
+    Stored only when not empty, so an event without a canary reads as it always did."""
 
     def to_bytes(self) -> bytes:
-        return _pretty(asdict(self))
+        value = asdict(self)
+        if not value["shares"]:
+            del value["shares"]
+        return _pretty(value)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str, seq: int | None = None) -> "LabelEvent":
@@ -415,7 +478,9 @@ class LabelEvent:
             IntegrityError: naming the file and the field (a wrong type, an unknown label,
                 a number that is not the file's, a map that disagrees with the move).
         """
-        value = _exact_fields(_load(data, where), cls, where, " (not a label event)")
+        value = _load(data, where)
+        value.setdefault("shares", {})
+        value = _exact_fields(value, cls, where, " (not a label event)")
 
         def bad(key: str, reason: str) -> IntegrityError:
             return IntegrityError(f"{where}: {key}: {reason}")
@@ -441,9 +506,19 @@ class LabelEvent:
         for k, v in labels.items():
             if not _LABEL.fullmatch(k) or not _positive_int(v):
                 raise bad(f"labels.{k}", f"must map a valid label to a positive integer, got {v!r}")
-        if labels.get(value["label"]) != value["to_version"]:
+        if value["action"] == "unset":
+            if value["label"] in labels:
+                raise bad("labels", f"still holds {value['label']}, but the event removes it")
+        elif labels.get(value["label"]) != value["to_version"]:
             raise bad("labels", f"says {value['label']}={labels.get(value['label'])!r}, but the event moves it to "
                                 f"{value['to_version']}")
+        shares = value["shares"]
+        if not isinstance(shares, dict):
+            raise bad("shares", f"must be an object of label -> share, got {shares!r}")
+        for k, v in shares.items():
+            if k not in labels or isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise bad(f"shares.{k}", f"must give a set label a share in (0, 1], got {v!r}")
+        value["shares"] = {k: float(v) for k, v in shares.items()}
         return cls(**value)
 
 

@@ -27,6 +27,13 @@ The label ordering rule:
 * ``set_labels`` moves several labels in one event, forward only by default: what
   finishing an interrupted publish should use.
 
+Canaries: ``set_canary(name, version, share)`` puts a version on the ``canary`` label
+with a traffic share; clients serve it to that share of the keys asking for
+``NAME@production`` (``split`` says how a label is served). Setting it again with a
+larger share widens it. ``end_canary`` (and ``rollback`` of the ``canary`` label) removes
+the label, leaving ``production`` as it is; ``promote_canary`` points ``production`` at
+the canary's version and removes the canary, in one event. Each is a history event.
+
 Example::
 
     reg = Registry("artifacts/registry")
@@ -47,15 +54,19 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from promptdistill.core.errors import IntegrityError, RegistryError, TemplateNotFoundError
 from promptdistill.registry.backend import Backend, StoreUnavailableError, open_backend
-from promptdistill.registry.collection import Collection, HistoryScan, label_moves, label_stack, utc_now
+from promptdistill.registry.collection import Collection, HistoryScan, LabelChange, label_moves, label_stack, utc_now
 from promptdistill.registry.hashing import content_hash, sha256_hex, to_json_value
 from promptdistill.registry.records import (
+    CANARY_LABEL,
+    SPLIT_LABEL,
     ArtifactRecord,
     LabelEvent,
+    Split,
     VersionRecord,
     check_content,
     check_label,
     check_name,
+    check_share,
     check_version,
     parse_ref,
 )
@@ -183,6 +194,28 @@ class Registry:
     def resolve(self, name: str, label: str) -> int:
         """The version ``label`` points to; TemplateNotFoundError if it is not set."""
         return self._templates(name).resolve(check_label(label))
+
+    def shares(self, name: str) -> dict[str, float]:
+        """{canary label: traffic share} for a template (empty while no canary is set)."""
+        return self._templates(name).state()[2]
+
+    def split(self, name: str, label: str) -> Split:
+        """How ``label`` is served: its version and, for ``production`` with a canary set,
+        the canary's version and share (one read of the label state).
+
+        Raises:
+            TemplateNotFoundError: the label is not set.
+        """
+        coll = self._templates(name)
+        check_label(label)
+        _seq, labels, shares = coll.state()
+        if label not in labels:
+            coll.resolve(label)  # raises the not-found error with the known labels
+        version = labels[label]
+        canary = labels.get(CANARY_LABEL)
+        if label != SPLIT_LABEL or canary is None or canary == version or CANARY_LABEL not in shares:
+            return Split(version)
+        return Split(version, canary, shares[CANARY_LABEL])
 
     def get(self, ref: str, *, label: str | None = None, version: int | None = None) -> VersionRecord:
         """A version by reference: ``name@label``, ``name:3`` or ``name`` (production label)."""
@@ -316,7 +349,8 @@ class Registry:
         return coll.move_label(label, target, action="set", actor=actor or default_actor(), reason=reason)
 
     def rollback(self, name: str, label: str, *, actor: str | None = None, reason: str = "") -> LabelEvent:
-        """Move ``label`` back to the version it had before its current one.
+        """Move ``label`` back to the version it had before its current one; for the
+        ``canary`` label, end the canary (``end_canary``).
 
         Repeated rollbacks walk further back (``set 1, set 2, set 3, rollback, rollback``
         ends at 1).
@@ -326,6 +360,8 @@ class Registry:
             RegistryError: the label has no earlier version.
         """
         check_label(label)
+        if label == CANARY_LABEL:
+            return self.end_canary(name, actor=actor, reason=reason or "canary rolled back")
         coll = self._templates(name)
 
         def target(events: list[LabelEvent] | None, labels: dict[str, int]) -> int:
@@ -338,6 +374,72 @@ class Registry:
 
         return coll.move_label(label, target, action="rollback", actor=actor or default_actor(),
                                reason=reason, needs_history=True)
+
+    def set_canary(self, name: str, version: int, share: float, *, actor: str | None = None,
+                   reason: str = "") -> LabelEvent:
+        """Put ``version`` on the ``canary`` label with ``share`` of ``production``'s traffic.
+
+        Setting the same version again with another share widens (or narrows) it; another
+        version replaces the canary (its keys are drawn afresh).
+
+        Raises:
+            RegistryError: a share outside (0, 1], production unset, or ``version`` is
+                production's (a canary of itself serves nothing new).
+        """
+        share = check_share(share)
+        self.get_version(name, check_version(version))
+        coll = self._templates(name)
+
+        def target(_events: Any, labels: dict[str, int]) -> LabelChange:
+            if labels.get(SPLIT_LABEL) is None:
+                raise RegistryError(f"{coll.backend.url(coll.prefix)}: {coll.what} has no {SPLIT_LABEL} label: "
+                                    f"a canary takes a share of {SPLIT_LABEL}'s traffic (promote a version first)")
+            if labels[SPLIT_LABEL] == version:
+                raise RegistryError(f"{coll.backend.url(coll.prefix)}: version {version} is {SPLIT_LABEL} already; "
+                                    "a canary must be another version")
+            return LabelChange({CANARY_LABEL: version}, {CANARY_LABEL: share})
+
+        before = coll.state()[2].get(CANARY_LABEL)
+        why = reason or (f"canary share {share:g}" if before is None else f"canary share {before:g} -> {share:g}")
+        event = coll.move_labels(target, action="set", actor=actor or default_actor(), reason=why)
+        assert event is not None
+        return event
+
+    def end_canary(self, name: str, *, actor: str | None = None, reason: str = "") -> LabelEvent:
+        """Remove the ``canary`` label (and its share); ``production`` is left as it is.
+
+        Raises:
+            RegistryError: no canary is set.
+        """
+        coll = self._templates(name)
+
+        def target(_events: Any, labels: dict[str, int]) -> LabelChange:
+            if CANARY_LABEL not in labels:
+                raise RegistryError(f"{coll.backend.url(coll.prefix)}: {coll.what} has no canary to end "
+                                    f"(labels: {', '.join(f'{k}={v}' for k, v in sorted(labels.items())) or 'none'})")
+            return LabelChange({CANARY_LABEL: None})
+
+        event = coll.move_labels(target, action="unset", actor=actor or default_actor(), reason=reason or "canary ended")
+        assert event is not None
+        return event
+
+    def promote_canary(self, name: str, *, actor: str | None = None, reason: str = "") -> LabelEvent:
+        """Point ``production`` at the canary's version and remove the canary, in one event.
+
+        Raises:
+            RegistryError: no canary is set.
+        """
+        coll = self._templates(name)
+
+        def target(_events: Any, labels: dict[str, int]) -> LabelChange:
+            if CANARY_LABEL not in labels:
+                raise RegistryError(f"{coll.backend.url(coll.prefix)}: {coll.what} has no canary to promote")
+            return LabelChange({SPLIT_LABEL: labels[CANARY_LABEL], CANARY_LABEL: None})
+
+        event = coll.move_labels(target, action="set", actor=actor or default_actor(),
+                                 reason=reason or "canary promoted")
+        assert event is not None
+        return event
 
     def verify(self, names: Iterable[str] | None = None) -> list[Problem]:
         """Every problem of the templates ``names`` (default: all), without changing anything.

@@ -370,7 +370,28 @@ def spec_errors(spec: "Spec") -> list[str]:
     ]
     if not spec.instruction.strip():
         errors.append("template.system.instruction: must not be empty")
-    return errors + _static_text_errors(spec) + _template_errors(spec) + _output_metric_errors(spec)
+    return (errors + _static_text_errors(spec) + _template_errors(spec) + _output_metric_errors(spec)
+            + _rollout_errors(spec))
+
+
+def _rollout_errors(spec: "Spec") -> list[str]:
+    """The canary's shares: a start in (0, 1), steps increasing from it to 1.0."""
+    r = spec.rollout
+    if r is None:
+        return []
+    errors = []
+    if not 0 < r.canary_share < 1:
+        errors.append(f"rollout.canary_share: must be in (0, 1), got {r.canary_share}")
+    steps = list(r.steps)
+    if any(not 0 < x <= 1 for x in steps):
+        errors.append(f"rollout.steps: each share must be in (0, 1], got {steps}")
+    elif any(b <= a for a, b in zip(steps, steps[1:])):
+        errors.append(f"rollout.steps: shares must increase, got {steps}")
+    elif steps[-1] != 1:
+        errors.append(f"rollout.steps: must end at 1.0 (the canary becomes production), got {steps}")
+    elif steps[0] != r.canary_share:
+        errors.append(f"rollout.steps: must start at rollout.canary_share ({r.canary_share}), got {steps}")
+    return errors
 
 
 # --- records: per-request schemas and the python metric ----------------------------------

@@ -18,6 +18,7 @@ variable user part, holding every input, rendered last::
     output: {schema: {...}, max_tokens: 20}
     metric: {kind: exact, field: label}
     slo: {ttft_ms: 400, max_quality_drop: 0.02}
+    rollout: {canary_share: 0.1, steps: [0.1, 0.5, 1.0]}    # optional: docs/rollout.md
 
 System text (instruction, context, constraints) is literal: braces in it are plain text.
 The user template and the example format use ``{input}`` placeholders and ``{{``/``}}``
@@ -41,7 +42,8 @@ from promptdistill.core.jsonio import canonical_json
 from promptdistill.specs.checks import spec_errors
 from promptdistill.specs.plugins import source_hash
 
-__all__ = ["ExamplesConfig", "Load", "MetricSpec", "OBJECTIVES", "Slo", "Spec", "rules_block", "spec_error", "spec_from_dict"]
+__all__ = ["ExamplesConfig", "Load", "MetricSpec", "OBJECTIVES", "Rollout", "Slo", "Spec", "rules_block", "spec_error",
+           "spec_from_dict"]
 
 RULES_HEADER = "Rules:"
 """Heading of the constraints block, in the system text and in ``instruction_text()``."""
@@ -201,6 +203,28 @@ class Slo:
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """How a certified winner reaches production: first on the ``canary`` label with a share
+    of production's traffic, then widened step by step (docs/rollout.md). ``spec_errors``
+    checks the shares."""
+
+    canary_share: float = 0.1
+    """The share of production's keys the canary starts with, in (0, 1)."""
+    steps: tuple[float, ...] = ()
+    """The shares the canary goes through, increasing, from ``canary_share`` to 1.0 (at 1.0
+    it becomes production). Empty: ``canary_share``, then 0.5 when above it, then 1.0."""
+
+    def __post_init__(self) -> None:
+        steps = tuple(self.steps)
+        if not steps:
+            steps = (self.canary_share, *((0.5,) if self.canary_share < 0.5 else ()), 1.0)
+        object.__setattr__(self, "steps", steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"canary_share": self.canary_share, "steps": list(self.steps)}
+
+
+@dataclass(frozen=True)
 class Spec:
     """A loaded, validated prompt spec. Frozen: ``with_changes`` returns a new one."""
 
@@ -220,6 +244,8 @@ class Spec:
     max_tokens: int | None = None
     metric: MetricSpec = field(default_factory=MetricSpec)
     slo: Slo = field(default_factory=Slo)
+    rollout: Rollout | None = None
+    """How a winner is rolled out (a canary and its steps); None: promoted to production at once."""
     input_descriptions: Mapping[str, str] = field(default_factory=dict)
     source_path: Path | None = field(default=None, compare=False)
 
@@ -274,7 +300,7 @@ class Spec:
         output: dict[str, Any] = {"schema": self.output_schema, "max_tokens": self.max_tokens}
         if self.schema_from is not None:
             output["schema_from"] = self.schema_from
-        return {
+        out = {
             "name": self.name,
             "description": self.description,
             "dataset": self.dataset.name,
@@ -284,6 +310,9 @@ class Spec:
             "metric": self.metric.to_dict(),
             "slo": self.slo.to_dict(),
         }
+        if self.rollout is not None:  # a spec without one keeps its earlier shape (and hash)
+            out["rollout"] = self.rollout.to_dict()
+        return out
 
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON of :meth:`to_dict` (the file's content, not its path),
@@ -312,6 +341,7 @@ def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = 
     out = data.get("output") or {}
     metric = dict(data["metric"])
     slo = data.get("slo") or {}
+    rollout = data.get("rollout")
     src = Path(source_path) if source_path else None
     project = src.parent.parent if src else Path(".")
     datasets_dir = project / "datasets"
@@ -340,6 +370,9 @@ def spec_from_dict(data: Mapping[str, Any], *, source_path: str | Path | None = 
                 load=Load(**slo["load"]) if slo.get("load") else None,
                 ttft_percentile=slo.get("ttft_percentile", 95.0), objective=slo.get("objective", OBJECTIVES[0]),
                 min_quality_gain=slo.get("min_quality_gain", Slo.min_quality_gain)),
+        rollout=None if rollout is None else Rollout(
+            canary_share=rollout.get("canary_share", (rollout.get("steps") or [0.1])[0]),
+            steps=tuple(rollout.get("steps") or ())),
         source_path=src,
     )
 
