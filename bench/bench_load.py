@@ -23,6 +23,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,12 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated run stops the server it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", help="specs to compare (default: every bundled spec)")
     parser.add_argument("--registry", default=None, help="registry with the published winners (default: the config's)")

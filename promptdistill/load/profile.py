@@ -6,8 +6,8 @@ prompts span short to long prefills and short to long replies. Requests are the 
 test records through the client's request path (``load.driver``).
 
 Loads: every concurrency of the config (1, 8 and 32 by default; the highest gives each
-template's capacity), then rates at shares of the slowest template's capacity (so every
-template can sustain them), plus any rates given (the specs' declared loads). Each cell
+template's capacity), then, per template, rates at shares of its own capacity (the same
+utilizations for every template), plus any rates given (the specs' declared loads). Each cell
 (template, load) is one block; the whole design runs ``repeats`` rounds, the order
 reversed each round, so repeats see the machine's drift and give the noise floor.
 """
@@ -33,7 +33,7 @@ class LoadProfileConfig:
 
     concurrencies: tuple[int, ...] = (1, 8, 32)
     rate_shares: tuple[float, ...] = (0.3, 0.65)
-    """Rates as shares of the slowest template's capacity (at the highest concurrency)."""
+    """Each template's rates, as shares of its own capacity (at the highest concurrency)."""
     extra_rates: tuple[float, ...] = ()
     """Rates measured besides (the specs' declared loads)."""
     requests: int = 40
@@ -120,36 +120,38 @@ def run_load_profile(url: str, templates: Sequence[ProfileTemplate], config: Loa
 
     Rows: prompt_id, load_kind, load_value, repeat, ttft_ms (the percentile), p50_ms, n,
     failed, throughput_rps, completion_tokens, prompt_tokens, and the template's features.
-    The rates are fixed after the first round's highest concurrency (capacities).
+    Each template's rates are its ``rate_shares`` of its own capacity (its throughput at the
+    highest concurrency in the first round), so every template is measured at the same
+    utilizations, light to near its knee, and the rates span what the templates sustain.
     """
     if not templates:
         raise ConfigError("load profile: no templates")
     conc = sorted(set(config.concurrencies), reverse=True)  # the highest first: it sets the rates
     rows: list[dict[str, Any]] = []
-    rates: list[float] | None = None
+    rates: dict[str, list[float]] = {}
     for rep in range(config.repeats):
-        loads = [Load(concurrency=c) for c in conc] + [Load(rate_rps=r) for r in rates or ()]
+        order = list(templates) if rep % 2 == 0 else list(templates)[::-1]
+        plan = [(t, Load(concurrency=c)) for c in conc for t in order]
+        plan += [(t, Load(rate_rps=r)) for t in order for r in rates.get(t.prompt_id, ())]
         if rep % 2:
-            loads = loads[::-1]
-        for li, load in enumerate(loads):
-            order = list(templates) if (li + rep) % 2 == 0 else list(templates)[::-1]
-            for t in order:
-                n = config.solo_requests if load.concurrency == 1 else config.requests
-                reqs = [t.requests[(rep * n + i) % len(t.requests)] for i in range(n)]
-                warmup = min(config.warmup, 1) if load.concurrency == 1 else config.warmup
-                outcomes = run_block(url, reqs, load, seed=config.seed + 101 * li + rep)
-                cell = _cell(outcomes, warmup, config.percentile)
-                rows.append({"prompt_id": t.prompt_id, "load_kind": load.kind, "load_value": load.value,
-                             "repeat": rep, **cell, **t.features})
-                if progress is not None:
-                    shown = "-" if cell["ttft_ms"] is None else f"{cell['ttft_ms']:.0f} ms"
-                    progress(f"round {rep + 1}/{config.repeats} {load.describe()}: {t.prompt_id} "
-                             f"P{config.percentile:g} {shown}, {cell['throughput_rps'] or 0:.2f} req/s")
-            if rates is None and load.concurrency == max(conc):
-                slowest = min(r["throughput_rps"] for r in rows if r["load_value"] == load.value
-                              and r["load_kind"] == "concurrency" and r["throughput_rps"])
-                rates = sorted({round(slowest * s, 3) for s in config.rate_shares} | set(config.extra_rates))
-                loads += [Load(rate_rps=r) for r in rates]
+            plan = plan[::-1]
+        for li, (t, load) in enumerate(plan):
+            n = config.solo_requests if load.concurrency == 1 else config.requests
+            reqs = [t.requests[(rep * n + i) % len(t.requests)] for i in range(n)]
+            warmup = min(config.warmup, 1) if load.concurrency == 1 else config.warmup
+            outcomes = run_block(url, reqs, load, seed=config.seed + 101 * li + rep)
+            cell = _cell(outcomes, warmup, config.percentile)
+            rows.append({"prompt_id": t.prompt_id, "load_kind": load.kind, "load_value": load.value,
+                         "repeat": rep, **cell, **t.features})
+            if progress is not None:
+                shown = "-" if cell["ttft_ms"] is None else f"{cell['ttft_ms']:.0f} ms"
+                progress(f"round {rep + 1}/{config.repeats} {load.describe()}: {t.prompt_id} "
+                         f"P{config.percentile:g} {shown}, {cell['throughput_rps'] or 0:.2f} req/s")
+            if rep == 0 and load.concurrency == max(conc) and cell["throughput_rps"]:
+                mine = sorted({round(cell["throughput_rps"] * s, 3) for s in config.rate_shares}
+                              | set(config.extra_rates))
+                rates[t.prompt_id] = mine
+                plan += [(t, Load(rate_rps=r)) for r in mine]
     return rows
 
 
