@@ -119,8 +119,11 @@ def test_a_load_profile_fits_a_model_that_queues_with_the_load(load_profile_cell
     engine, templates, rows, cells = load_profile_cells
     kinds = {(r["load_kind"], r["load_value"]) for r in rows}
     assert {("concurrency", 1.0), ("concurrency", 4.0), ("concurrency", 8.0)} <= kinds
-    rates = sorted(v for k, v in kinds if k == "rate")
-    assert len(rates) == 2 and all(r["failed"] == 0 for r in rows)
+    assert all(r["failed"] == 0 for r in rows)
+    # Each template at two rates of its own capacity, in both rounds.
+    for t in templates:
+        mine = [r for r in rows if r["prompt_id"] == t.prompt_id and r["load_kind"] == "rate"]
+        assert len(mine) == 4 and len({r["load_value"] for r in mine}) == 2
     model = LoadTTFTModel().fit(cells)
     for t in templates:
         g = np.mean([c["completion_tokens"] for c in cells if c["prompt_id"] == t.prompt_id])
@@ -128,6 +131,7 @@ def test_a_load_profile_fits_a_model_that_queues_with_the_load(load_profile_cell
         assert model.seconds_per_request(x) > 0
         # A queue only grows with the load: more in flight, or faster arrivals, never a lower percentile.
         assert model.predict_one(x, "concurrency", 8) >= model.predict_one(x, "concurrency", 1) * 0.9
+        rates = sorted({r["load_value"] for r in rows if r["prompt_id"] == t.prompt_id and r["load_kind"] == "rate"})
         assert model.predict_one(x, "rate", rates[1]) >= model.predict_one(x, "rate", rates[0]) * 0.9
     # Longer replies hold the batch: the invoice template (tens of tokens a reply) costs more a request.
     short, long_ = (next(t for t in templates if t.prompt_id == pid) for pid in
