@@ -35,7 +35,7 @@ def at_load(spec, *, ttft_ms=None, load=LOAD, drop=0.2):
     return spec.with_changes(slo=dataclasses.replace(spec.slo, load=load, ttft_ms=ttft_ms, max_quality_drop=drop))
 
 
-def run(spec, load_model, errors=({"load_kind": "rate", "load_value": 2.5, "mape": 0.04},)):
+def run(spec, load_model, errors=({"load_kind": "rate", "load_value": 0.65, "mape": 0.04},)):
     short = spec.with_changes(instruction="Pick the team for this ticket.")
     return optimize(FakeEngine(reply=_triage_reply), spec, ttft_model=ttft_model(mape=0.02), budget=BUDGET,
                     distill_candidates=[("short", short)],
@@ -52,7 +52,7 @@ def test_a_declared_load_prices_candidates_at_its_percentile_and_the_reason_name
         x = {"uncached_tokens": row["total_tokens"] - row["warm_cached_tokens"],
              "cached_tokens": row["warm_cached_tokens"], "completion_tokens": row["load_reply_tokens"]}
         assert row["ttft_load_ms"] == pytest.approx(load_model.predict_one(x, "rate", 2.0))
-    assert result.ttft_resolution == 0.04  # the load model's error at the nearest profiled rate
+    assert result.ttft_resolution == 0.04  # the load model's error at the profiled rates
     assert "P95 TTFT at 2 req/s" in result.reason
     assert result.provenance["latency"] == "P95 TTFT at 2 req/s"
 
@@ -81,11 +81,14 @@ def test_a_declared_load_without_a_load_model_is_a_clear_error(triage):
         optimize(FakeEngine(reply=_triage_reply), at_load(triage[0]), ttft_model=ttft_model(), budget=BUDGET)
 
 
-def test_load_pricing_takes_the_error_of_the_nearest_profiled_load(load_model, triage):
+def test_load_pricing_takes_the_error_of_the_nearest_concurrency_or_the_largest_rate_error(load_model, triage):
     slo = at_load(triage[0]).slo
-    errors = [{"load_kind": "rate", "load_value": 1.0, "mape": 0.2}, {"load_kind": "rate", "load_value": 3.0, "mape": 0.05},
-              {"load_kind": "concurrency", "load_value": 2.0, "mape": 0.9}]
-    assert LoadPricing.from_model(load_model, slo, errors).relative_error == 0.05
+    errors = [{"load_kind": "rate", "load_value": 0.3, "mape": 0.2}, {"load_kind": "rate", "load_value": 0.65, "mape": 0.05},
+              {"load_kind": "concurrency", "load_value": 8.0, "mape": 0.9}, {"load_kind": "concurrency",
+                                                                             "load_value": 32.0, "mape": 0.3}]
+    assert LoadPricing.from_model(load_model, slo, errors).relative_error == 0.2
+    at_c = at_load(triage[0], load=Load(concurrency=24)).slo
+    assert LoadPricing.from_model(load_model, at_c, errors).relative_error == 0.3
     assert LoadPricing.from_model(load_model, slo, []).relative_error == 0.25
     assert LoadPricing.from_model(load_model, slo).latency == "P95 TTFT at 2 req/s"
 

@@ -30,6 +30,18 @@ def _load_name(kind: str, value: float) -> str:
     return Load(rate_rps=value).describe() if kind == "rate" else Load(concurrency=int(value)).describe()
 
 
+def _group(cell: Mapping[str, Any]) -> tuple[str, float]:
+    """Which row of the error table a cell counts in: its concurrency, or for a rate the
+    share of the template's capacity it was measured at (each template has its own rates)."""
+    if cell["load_kind"] == "rate" and cell.get("rate_share") is not None:
+        return "share", float(cell["rate_share"])
+    return cell["load_kind"], float(cell["load_value"])
+
+
+def _group_name(key: tuple[str, float]) -> str:
+    return f"rate at {key[1]:.0%} of capacity" if key[0] == "share" else _load_name(*key)
+
+
 def _ci(per_prompt: Mapping[str, list[float]], seed: int = 0, n_boot: int = 2000) -> tuple[float, float, float]:
     groups = [np.asarray(v) for v in per_prompt.values() if v]
     allv = np.concatenate(groups)
@@ -58,22 +70,26 @@ def held_out_errors(cells: Sequence[Mapping[str, Any]], percentile: float = 95.0
                 continue
             pred = model.predict_one(c, c["load_kind"], float(c["load_value"]))
             out.append({"prompt_id": pid, "load_kind": c["load_kind"], "load_value": float(c["load_value"]),
-                        "repeat": c.get("repeat", 0), "measured_ms": float(c["ttft_ms"]), "predicted_ms": pred,
+                        "group": _group(c), "repeat": c.get("repeat", 0), "measured_ms": float(c["ttft_ms"]), "predicted_ms": pred,
                         "abs_pct_err": abs(pred - c["ttft_ms"]) / c["ttft_ms"] if math.isfinite(pred) else None})
     return out
 
 
 def noise_floor(cells: Sequence[Mapping[str, Any]]) -> dict[tuple[str, float], dict[str, list[float]]]:
-    """Per load, per prompt: each repeat's scaled relative deviation from its cell's mean."""
+    """Per load (a concurrency, or a rate's share of capacity), per prompt: each repeat's
+    scaled relative deviation from its cell's mean."""
     by_cell: dict[tuple[str, str, float], list[float]] = {}
+    keys: dict[tuple[str, str, float], tuple[str, float]] = {}
     for c in cells:
-        by_cell.setdefault((c["prompt_id"], c["load_kind"], float(c["load_value"])), []).append(float(c["ttft_ms"]))
+        cell = (c["prompt_id"], c["load_kind"], float(c["load_value"]))
+        by_cell.setdefault(cell, []).append(float(c["ttft_ms"]))
+        keys[cell] = _group(c)
     out: dict[tuple[str, float], dict[str, list[float]]] = {}
     for (pid, kind, value), xs in by_cell.items():
         if len(xs) < 2:
             continue
         mean, scale = float(np.mean(xs)), math.sqrt(len(xs) / (len(xs) - 1))
-        out.setdefault((kind, value), {}).setdefault(pid, []).extend(abs(x - mean) * scale / x for x in xs)
+        out.setdefault(keys[pid, kind, value], {}).setdefault(pid, []).extend(abs(x - mean) * scale / x for x in xs)
     return out
 
 
@@ -82,11 +98,11 @@ def load_error_table(cells: Sequence[Mapping[str, Any]], percentile: float = 95.
     errors = held_out_errors(cells, percentile)
     floor = noise_floor(cells)
     rows = []
-    for kind, value in sorted({(e["load_kind"], e["load_value"]) for e in errors}):
+    for kind, value in sorted({e["group"] for e in errors}):
         per_prompt: dict[str, list[float]] = {}
         unsustainable = 0
         for e in errors:
-            if (e["load_kind"], e["load_value"]) == (kind, value):
+            if e["group"] == (kind, value):
                 if e["abs_pct_err"] is None:
                     unsustainable += 1
                 else:
@@ -94,7 +110,8 @@ def load_error_table(cells: Sequence[Mapping[str, Any]], percentile: float = 95.
         if not per_prompt:
             continue
         err, err_lo, err_hi = _ci(per_prompt)
-        row = {"load": _load_name(kind, value), "load_kind": kind, "load_value": value,
+        row = {"load": _group_name((kind, value)), "load_kind": "rate" if kind == "share" else kind,
+               "load_value": value, "rate_share": value if kind == "share" else None,
                "mape": err, "mape_low": err_lo, "mape_high": err_hi,
                "cells": sum(len(v) for v in per_prompt.values()), "prompts": len(per_prompt),
                "called_unsustainable": unsustainable}

@@ -129,6 +129,7 @@ def run_load_profile(url: str, templates: Sequence[ProfileTemplate], config: Loa
     conc = sorted(set(config.concurrencies), reverse=True)  # the highest first: it sets the rates
     rows: list[dict[str, Any]] = []
     rates: dict[str, list[float]] = {}
+    shares: dict[str, dict[float, float]] = {}
     for rep in range(config.repeats):
         order = list(templates) if rep % 2 == 0 else list(templates)[::-1]
         plan = [(t, Load(concurrency=c)) for c in conc for t in order]
@@ -142,6 +143,7 @@ def run_load_profile(url: str, templates: Sequence[ProfileTemplate], config: Loa
             outcomes = run_block(url, reqs, load, seed=config.seed + 101 * li + rep)
             cell = _cell(outcomes, warmup, config.percentile)
             rows.append({"prompt_id": t.prompt_id, "load_kind": load.kind, "load_value": load.value,
+                         "rate_share": shares.get(t.prompt_id, {}).get(load.value) if load.rate_rps else None,
                          "repeat": rep, **cell, **t.features})
             if progress is not None:
                 shown = "-" if cell["ttft_ms"] is None else f"{cell['ttft_ms']:.0f} ms"
@@ -151,6 +153,7 @@ def run_load_profile(url: str, templates: Sequence[ProfileTemplate], config: Loa
                 mine = sorted({round(cell["throughput_rps"] * s, 3) for s in config.rate_shares}
                               | set(config.extra_rates))
                 rates[t.prompt_id] = mine
+                shares[t.prompt_id] = {round(cell["throughput_rps"] * s, 3): s for s in config.rate_shares}
                 plan += [(t, Load(rate_rps=r)) for r in mine]
     return rows
 

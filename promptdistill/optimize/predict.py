@@ -130,7 +130,8 @@ class LoadPricing:
     load: Load
     percentile: float
     relative_error: float
-    """The model's held-out error (MAPE) at the profiled load nearest the declared one."""
+    """The model's held-out error (MAPE): at the profiled concurrency nearest a declared one;
+    for a declared rate, the largest over the profiled rates."""
     server: tuple[str, str] | None = None
     """Where verification measures at the load: (a vLLM server's ``.../v1`` URL, its served
     model name); None: the engine's own server, or one started for the measurement."""
@@ -143,9 +144,14 @@ class LoadPricing:
         if slo.load is None:
             raise ValueError("LoadPricing needs a spec that declares slo.load")
         same = [e for e in errors if e.get("load_kind") == slo.load.kind and e.get("mape") is not None]
-        nearest = min(same, key=lambda e: abs(math.log(float(e["load_value"]) / slo.load.value)), default=None)
-        return cls(model, slo.load, slo.ttft_percentile, float(nearest["mape"]) if nearest else UNKNOWN_LOAD_ERROR,
-                   server)
+        if not same:
+            return cls(model, slo.load, slo.ttft_percentile, UNKNOWN_LOAD_ERROR, server)
+        if slo.load.kind == "rate":
+            # The profile's rates are shares of each template's capacity, not the declared
+            # rate's: the largest of their errors, never a flattering one.
+            return cls(model, slo.load, slo.ttft_percentile, max(float(e["mape"]) for e in same), server)
+        nearest = min(same, key=lambda e: abs(math.log(float(e["load_value"]) / slo.load.value)))
+        return cls(model, slo.load, slo.ttft_percentile, float(nearest["mape"]), server)
 
     @property
     def latency(self) -> str:
