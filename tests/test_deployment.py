@@ -24,8 +24,8 @@ POOL = "promptdistill-local"
 # The smallest real run: a short TTFT profile (1 round, no probes), fit, publish.
 # `minutes` is a cap: an idle machine measures the whole design (~30 requests) in about a
 # minute; a busy one needs longer to reach the 10 prompts a fit needs.
-TINY_TTFT = {"points": 10, "repeats": 1, "spec_records": 1, "minutes": 12.0, "density_probe": False, "fewshot_probe": False,
-             "keep_contended": True}
+TINY_TTFT = {"points": 10, "repeats": 1, "spec_records": 1, "max_minutes": 12.0, "density_probe_tokens": [], "fewshot_probe": False,
+             "queue_batches": [], "matmul_probe": False, "keep_contended": True}
 RUN_TIMEOUT_S = 1800
 
 
