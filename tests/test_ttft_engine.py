@@ -129,8 +129,9 @@ def test_the_safety_stop_stops_cleanly_and_keeps_what_was_measured(engine, tmp_p
     prompts = plan_prompts(engine, config)
     ticks = itertools.count(0.0, 1.0)  # each clock reading advances one "second"
     result = run_profile(engine, config, out=tmp_path / "p.parquet", progress=False, prompts=prompts, clock=lambda: next(ticks))
-    assert result.stopped == "max_minutes" and not result.minimum_met
-    assert result.note.startswith("TTFT profile stopped at the safety stop of ")
+    assert result.stopped == "max_minutes"
+    # The note gives the figures, whether or not the stop came before the fit's minimum.
+    assert result.note.startswith("TTFT profile stopped at the safety stop of ") and "the fit needs" in result.note
     assert 0 < len(result.frame) < result.planned_units
     assert len(pd.read_parquet(tmp_path / "p.parquet")) == len(result.frame)
 
