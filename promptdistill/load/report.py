@@ -120,15 +120,12 @@ def load_figures(rows: Sequence[Mapping[str, Any]], *, templates: Sequence[str],
 
 
 def _fmt(e: Mapping[str, Any] | None, unit: str = "", fmt: str = ".0f") -> str:
+    """``value [low, high]``; '-' for a figure or a bound the requests cannot give."""
     if not e or e.get("value") is None:
-        if e and e.get("high") is not None:
-            return f"< {e['high']:{fmt}}{unit}"
-        return "-"
-    if e.get("low") is None or e.get("high") is None:
-        lower = f" (at least; [{e['low']:{fmt}}, -])" if e.get("low") is not None else ""
-        return f">= {e['value']:{fmt}}{unit}{lower}" if e.get("high") is None and e.get("low") is not None else \
-            f"{e['value']:{fmt}}{unit}"
-    return f"{e['value']:{fmt}}{unit} [{e['low']:{fmt}}, {e['high']:{fmt}}]"
+        return f"< {e['high']:{fmt}}{unit}" if e and e.get("high") is not None else "-"
+    low = "-" if e.get("low") is None else f"{e['low']:{fmt}}"
+    high = "-" if e.get("high") is None else f"{e['high']:{fmt}}"
+    return f"{e['value']:{fmt}}{unit} [{low}, {high}]"
 
 
 def markdown_tables(figures: LoadFigures) -> str:
